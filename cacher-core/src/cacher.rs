@@ -1,0 +1,836 @@
+//! The cacher: one state machine tying the ring buffer, store, ready gate, watchers, dispatch,
+//! bookmarks, progress requests and read decisions together.
+//!
+//! Kubernetes counterparts: `cacher.go` (`Cacher`, `startCaching`, `terminateAllWatchers`,
+//! `Stop`) and the event intake of `watch_cache.go` (`processEvent`, `Replace`,
+//! `UpdateResourceVersion`). Watch, list and get live in `watch.rs` and `reads.rs`, the fan-out
+//! and the bookmark tick in `dispatch.rs`.
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+use crate::bookmarks::{Slot, TimeBuckets};
+use crate::budget::TimeBudget;
+use crate::config::{Config, ConfigError};
+use crate::event::Event;
+use crate::hash::HashMap;
+use crate::key::display_key;
+use crate::metrics::Metrics;
+use crate::object::Object;
+use crate::output::{CloseCause, Output, RequestId};
+use crate::ready::{ReadyGate, ReadyState};
+use crate::request::{GetRequest, ListRequest, WatchRequest};
+use crate::ring::{Ring, RingConfig};
+use crate::rng::Rng;
+use crate::status::Status;
+use crate::store::Store;
+use crate::time::Timestamp;
+use crate::watcher::{Flow, Placement, Watcher};
+
+/// Why the next timeout is due (see [`Cacher::poll_timeout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TimerReason {
+    /// The dispatch loop's tick: periodic bookmarks.
+    DispatchTick,
+    /// Ask storage for progress while readers wait for freshness.
+    ProgressRequest,
+    /// A reader's 3 s freshness wait ends.
+    FreshnessWait,
+    /// A watch's timeout.
+    WatchDeadline,
+    /// Dispatch stops waiting for blocked watchers (time budget spent).
+    SlowWatcherBudget,
+    /// A request parked until the cache is ready gives up.
+    RequestTimeout,
+}
+
+impl TimerReason {
+    /// Snake-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TimerReason::DispatchTick => "dispatch_tick",
+            TimerReason::ProgressRequest => "progress_request",
+            TimerReason::FreshnessWait => "freshness_wait",
+            TimerReason::WatchDeadline => "watch_deadline",
+            TimerReason::SlowWatcherBudget => "slow_watcher_budget",
+            TimerReason::RequestTimeout => "request_timeout",
+        }
+    }
+}
+
+/// Bad input from storage: the event is rejected and the state is unchanged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageError {
+    /// The cache has not been initialised by a list yet (or is relisting).
+    NotInitialized,
+    /// The cacher is stopped.
+    Stopped,
+    /// An event or progress notify below the cache's resourceVersion.
+    RvWentBack {
+        /// The offending RV.
+        rv: u64,
+        /// The cache's RV.
+        current: u64,
+    },
+    /// A put whose object carries another RV than the event.
+    RvMismatch {
+        /// The event RV.
+        event_rv: u64,
+        /// The object's RV.
+        object_rv: u64,
+    },
+    /// A delete of a key the cache does not hold.
+    UnknownKey(String),
+    /// A relist with the same key twice.
+    DuplicateKey(String),
+    /// A relisted object newer than the list.
+    ObjectNewerThanList {
+        /// The key.
+        key: String,
+        /// The object's RV.
+        rv: u64,
+        /// The list's RV.
+        list_rv: u64,
+    },
+}
+
+impl core::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            StorageError::NotInitialized => {
+                f.write_str("storage event before the cache was initialised by a list")
+            }
+            StorageError::Stopped => f.write_str("the cacher is stopped"),
+            StorageError::RvWentBack { rv, current } => {
+                write!(f, "storage resourceVersion went back: {rv} after {current}")
+            }
+            StorageError::RvMismatch { event_rv, object_rv } => {
+                write!(f, "object resourceVersion {object_rv} differs from the event's {event_rv}")
+            }
+            StorageError::UnknownKey(k) => write!(f, "delete of unknown key {k:?}"),
+            StorageError::DuplicateKey(k) => write!(f, "duplicate key {k:?} in list"),
+            StorageError::ObjectNewerThanList { key, rv, list_rv } => {
+                write!(
+                    f,
+                    "object {key:?} at resourceVersion {rv} is newer than the list at {list_rv}"
+                )
+            }
+        }
+    }
+}
+
+impl core::error::Error for StorageError {}
+
+/// The window of events the cache can serve watches from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// RV of the oldest buffered event.
+    pub oldest_rv: Option<u64>,
+    /// RV of the newest buffered event.
+    pub newest_rv: Option<u64>,
+    /// The oldest RV a watch can start from (exclusive start: a watch from RV X needs
+    /// X ≥ oldest_servable − 1); `None` when the cache cannot serve watches from an RV.
+    pub oldest_servable: Option<u64>,
+    /// Buffered events.
+    pub len: usize,
+    /// Ring capacity.
+    pub capacity: usize,
+    /// Monotonic index of the oldest event.
+    pub start_index: u64,
+    /// Monotonic index one past the newest event.
+    pub end_index: u64,
+    /// An event was evicted since the last relist.
+    pub evicted_since_relist: bool,
+}
+
+/// A watcher as the host and the UI see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatcherInfo {
+    /// Its id.
+    pub id: RequestId,
+    /// The key or range it watches (display form).
+    pub key: String,
+    /// Its resourceVersion after the initial events.
+    pub rv: u64,
+    /// The last RV the client was given.
+    pub last_sent_rv: u64,
+    /// Events waiting in its queue.
+    pub queued: usize,
+    /// Queue capacity.
+    pub queue_capacity: usize,
+    /// Initial events not yet read.
+    pub initial_pending: usize,
+    /// `active`, `replaying`, `blocked`, `lagging` or `draining`.
+    pub state: &'static str,
+    /// Events behind the newest buffered event (for lagging watchers).
+    pub lag: u64,
+    /// Reads everything at once.
+    pub auto: bool,
+    /// `terminate` or `lag`.
+    pub policy: &'static str,
+    /// Bookmarks allowed.
+    pub allow_bookmarks: bool,
+}
+
+pub(crate) struct Batch {
+    pub deadline: Timestamp,
+    pub members: Vec<(Slot, RequestId)>,
+}
+
+pub(crate) enum Phase {
+    /// Waiting for the ready gate.
+    Ready,
+    /// Waiting for the host's answer to `NeedCurrentRevision`.
+    CurrentRv,
+    /// Waiting until the cache reaches `rv`, at most until `deadline`.
+    Fresh { rv: u64, deadline: Timestamp, progress: bool, started: Timestamp },
+}
+
+pub(crate) enum Parked {
+    Watch {
+        req: Box<WatchRequest>,
+        sie: Option<bool>,
+        phase: Phase,
+        generation: u64,
+        required_rv: u64,
+        deadline: Option<Timestamp>,
+    },
+    List {
+        req: Box<ListRequest>,
+        plan: crate::reads::ListPlan,
+        phase: Phase,
+        deadline: Timestamp,
+    },
+    Get {
+        req: GetRequest,
+        phase: Phase,
+        deadline: Timestamp,
+    },
+}
+
+impl Parked {
+    pub(crate) fn phase(&self) -> &Phase {
+        match self {
+            Parked::Watch { phase, .. }
+            | Parked::List { phase, .. }
+            | Parked::Get { phase, .. } => phase,
+        }
+    }
+}
+
+/// The Kubernetes watch cache as a sans-IO state machine.
+///
+/// Its methods come in four kinds (the `quinn-proto` shape):
+/// - **getters** (`&self`): [`window`](Cacher::window), [`resource_version`](Cacher::resource_version),
+///   [`ready_state`](Cacher::ready_state), [`watchers`](Cacher::watchers), [`metrics`](Cacher::metrics), …;
+/// - **storage inputs** `handle_*`: what etcd said — [`handle_replace`](Cacher::handle_replace) (a
+///   list), [`handle_put`](Cacher::handle_put), [`handle_delete`](Cacher::handle_delete),
+///   [`handle_progress`](Cacher::handle_progress), [`handle_storage_error`](Cacher::handle_storage_error),
+///   [`handle_current_revision`](Cacher::handle_current_revision), [`handle_compaction`](Cacher::handle_compaction);
+/// - **client commands**, returning an id at once or a 400 for malformed input:
+///   [`start_watch`](Cacher::start_watch), [`stop_watch`](Cacher::stop_watch),
+///   [`consume`](Cacher::consume), [`grant_credit`](Cacher::grant_credit),
+///   [`list`](Cacher::list), [`get`](Cacher::get), and [`stop`](Cacher::stop) for the cacher itself;
+/// - **polls**: [`poll_output`](Cacher::poll_output), drained after every call above;
+///   [`poll_timeout`](Cacher::poll_timeout), the next deadline and why; and
+///   [`handle_timeout`](Cacher::handle_timeout), harmless when called early.
+///
+/// Every mutating call takes `now`; the core never reads a clock.
+pub struct Cacher {
+    pub(crate) cfg: Config,
+    pub(crate) created: Timestamp,
+    pub(crate) now: Timestamp,
+    pub(crate) ready: ReadyGate,
+    pub(crate) ring: Ring,
+    pub(crate) store: Store,
+    /// `watchCache.resourceVersion`.
+    pub(crate) rv: u64,
+    /// The last RV came from an event (another event of the same revision may follow).
+    pub(crate) rv_from_event: bool,
+    pub(crate) list_rv: u64,
+    /// The dispatcher's `lastProcessedResourceVersion`.
+    pub(crate) last_processed_rv: u64,
+    pub(crate) compacted_rv: u64,
+    pub(crate) budget: TimeBudget,
+    pub(crate) buckets: TimeBuckets,
+    pub(crate) rng: Rng,
+    pub(crate) slots: Vec<Option<Watcher>>,
+    pub(crate) free_slots: Vec<Slot>,
+    pub(crate) slot_of: HashMap<u64, Slot>,
+    /// `allWatchers`: namespace → name → watchers ("" = any).
+    pub(crate) by_scope: HashMap<Box<str>, HashMap<Box<str>, Vec<Slot>>>,
+    /// `valueWatchers`: trigger value → watchers.
+    pub(crate) by_value: HashMap<Box<str>, Vec<Slot>>,
+    pub(crate) batches: BTreeMap<u64, Batch>,
+    pub(crate) parked: BTreeMap<RequestId, Parked>,
+    pub(crate) fresh_waiters: BTreeSet<(u64, RequestId)>,
+    pub(crate) progress_waiters: usize,
+    pub(crate) timers: BTreeSet<(Timestamp, TimerReason, u64)>,
+    pub(crate) tick_at: Timestamp,
+    pub(crate) progress_at: Option<Timestamp>,
+    pub(crate) next_id: u64,
+    pub(crate) next_batch: u64,
+    pub(crate) scratch_slots: Vec<Slot>,
+    pub(crate) outputs: VecDeque<Output>,
+    pub(crate) metrics: Metrics,
+}
+
+impl Cacher {
+    /// A new, not yet initialised cacher (the gate is Pending until the first
+    /// [`handle_replace`](Cacher::handle_replace)).
+    pub fn new(cfg: Config, now: Timestamp) -> Result<Cacher, ConfigError> {
+        cfg.validate()?;
+        let ring = Ring::new(RingConfig {
+            capacity: cfg.capacity,
+            lower_bound: cfg.lower_bound_capacity,
+            upper_bound: cfg.upper_bound_capacity,
+            dynamic: cfg.dynamic_capacity,
+            event_fresh_ms: cfg.event_fresh_ms,
+        });
+        let store = Store::new(cfg.index_field.clone(), cfg.list_from_cache_snapshot);
+        let mut c = Cacher {
+            budget: TimeBudget::new(now, cfg.budget_refill_ms_per_s, cfg.budget_max_ms),
+            buckets: TimeBuckets::new(now),
+            rng: Rng::new(cfg.seed),
+            cfg,
+            created: now,
+            now,
+            ready: ReadyGate::new(now),
+            ring,
+            store,
+            rv: 0,
+            rv_from_event: false,
+            list_rv: 0,
+            last_processed_rv: 0,
+            compacted_rv: 0,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            slot_of: HashMap::default(),
+            by_scope: HashMap::default(),
+            by_value: HashMap::default(),
+            batches: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            fresh_waiters: BTreeSet::new(),
+            progress_waiters: 0,
+            timers: BTreeSet::new(),
+            tick_at: now,
+            progress_at: None,
+            next_id: 1,
+            next_batch: 1,
+            scratch_slots: Vec::new(),
+            outputs: VecDeque::new(),
+            metrics: Metrics::default(),
+        };
+        c.arm_tick(now);
+        Ok(c)
+    }
+
+    // ----- storage inputs -------------------------------------------------------------------
+
+    /// A (re)list from storage completed at `rv` (`Replace`): every open watch ends
+    /// (`terminateAllWatchers`), the ring empties, the store becomes `objects`, and the gate
+    /// opens. Objects with RV 0 take the list RV.
+    pub fn handle_replace(
+        &mut self,
+        now: Timestamp,
+        rv: u64,
+        objects: Vec<Object>,
+    ) -> Result<(), StorageError> {
+        self.advance(now);
+        if self.ready.state() == ReadyState::Stopped {
+            return Err(StorageError::Stopped);
+        }
+        let mut objs: Vec<Object> = objects;
+        objs.sort_by(|a, b| a.key().cmp(b.key()));
+        for w in objs.windows(2) {
+            if w[0].key() == w[1].key() {
+                return Err(StorageError::DuplicateKey(display_key(w[0].key())));
+            }
+        }
+        for o in &objs {
+            if o.rv() > rv {
+                return Err(StorageError::ObjectNewerThanList {
+                    key: display_key(o.key()),
+                    rv: o.rv(),
+                    list_rv: rv,
+                });
+            }
+        }
+        let objs: Vec<Arc<Object>> = objs
+            .into_iter()
+            .map(|o| {
+                let mut o = if o.rv() == 0 { o.with_rv(rv) } else { o };
+                o.set_etcd_meta_if_unknown(None);
+                Arc::new(o)
+            })
+            .collect();
+        self.terminate_all(CloseCause::Reinitializing, None);
+        self.ring.reset();
+        self.store.replace(objs, rv);
+        self.list_rv = rv;
+        self.rv = rv;
+        self.rv_from_event = false;
+        if self.cfg.profile.is_v1_34() && self.last_processed_rv == 0 {
+            // 1.31+: the dispatcher seeds its bookmark RV from the first list.
+            self.last_processed_rv = rv;
+        }
+        self.metrics.initializations += 1;
+        let opened = self.ready.set_ready(now);
+        self.wake_fresh_waiters();
+        if opened {
+            self.resume_parked_for_ready();
+        }
+        Ok(())
+    }
+
+    /// A storage event: create or update of `object` at its RV (ADDED vs MODIFIED follows the
+    /// store). `create_revision`/`version` are filled in as etcd would when unset.
+    pub fn handle_put(&mut self, now: Timestamp, object: Object) -> Result<(), StorageError> {
+        self.advance(now);
+        let rv = object.rv();
+        self.check_event_rv(rv)?;
+        let prev = self.store.get(object.key()).cloned();
+        let mut object = object;
+        object.set_etcd_meta_if_unknown(prev.as_deref());
+        let object = Arc::new(object);
+        let event = Arc::new(Event::put(object.clone(), prev, now));
+        self.store.put(object);
+        self.record_event(event, now);
+        Ok(())
+    }
+
+    /// A storage event: delete of `key` at `rv`. The key must be in the store.
+    pub fn handle_delete(
+        &mut self,
+        now: Timestamp,
+        key: &[u8],
+        rv: u64,
+    ) -> Result<(), StorageError> {
+        self.advance(now);
+        self.check_event_rv(rv)?;
+        let Some(prev) = self.store.get(key).cloned() else {
+            return Err(StorageError::UnknownKey(display_key(key)));
+        };
+        let event = Arc::new(Event::delete(rv, prev, now));
+        self.store.delete(key);
+        self.record_event(event, now);
+        Ok(())
+    }
+
+    /// A storage progress notify at `rv` (`UpdateResourceVersion`): the cache RV advances;
+    /// nothing is fanned out, but the next periodic bookmark carries it.
+    pub fn handle_progress(&mut self, now: Timestamp, rv: u64) -> Result<(), StorageError> {
+        self.advance(now);
+        match self.ready.state() {
+            ReadyState::Stopped => return Err(StorageError::Stopped),
+            ReadyState::Pending => return Err(StorageError::NotInitialized),
+            ReadyState::Ready => {}
+        }
+        if rv < self.rv {
+            return Err(StorageError::RvWentBack { rv, current: self.rv });
+        }
+        if rv > self.rv {
+            self.rv = rv;
+            self.rv_from_event = false;
+        }
+        self.last_processed_rv = self.last_processed_rv.max(rv);
+        self.metrics.events_dispatched += 1;
+        self.wake_fresh_waiters();
+        Ok(())
+    }
+
+    /// The upstream watch broke: the gate closes, every watch ends, and the host is asked to
+    /// relist ([`Output::Relist`]).
+    pub fn handle_storage_error(&mut self, now: Timestamp, reason: &str) {
+        self.advance(now);
+        if self.ready.state() == ReadyState::Stopped {
+            return;
+        }
+        self.ready.set_pending(now, Some(String::from(reason)));
+        self.terminate_all(CloseCause::Reinitializing, None);
+        self.outputs.push_back(Output::Relist { reason: String::from(reason) });
+    }
+
+    /// Storage's current revision, asked for by [`Output::NeedCurrentRevision`].
+    pub fn handle_current_revision(&mut self, now: Timestamp, request: RequestId, rv: u64) {
+        self.advance(now);
+        let Some(parked) = self.parked.get(&request) else { return };
+        if !matches!(parked.phase(), Phase::CurrentRv) {
+            return;
+        }
+        self.continue_with_current_rv(request, rv);
+    }
+
+    /// Storage compacted its history at `rv`: snapshots below it are dropped.
+    pub fn handle_compaction(&mut self, now: Timestamp, rv: u64) {
+        self.advance(now);
+        self.compacted_rv = self.compacted_rv.max(rv);
+        self.store.prune_snapshots_below(rv);
+    }
+
+    /// Stops the cacher for good (`Cacher.Stop`): watches end, parked requests fail.
+    pub fn stop(&mut self, now: Timestamp) {
+        self.advance(now);
+        if self.ready.state() == ReadyState::Stopped {
+            return;
+        }
+        self.ready.stop(now);
+        self.terminate_all(CloseCause::Stopped, Some(String::from("apiserver cacher is stopped")));
+        let parked: Vec<RequestId> = self.parked.keys().copied().collect();
+        for id in parked {
+            self.unpark(id);
+            self.outputs.push_back(Output::Rejected { request: id, status: Status::stopped() });
+        }
+        self.timers.clear();
+        self.progress_at = None;
+    }
+
+    // ----- polls ----------------------------------------------------------------------------
+
+    /// The next output, in the order produced. Drain after every mutating call.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The next deadline and why it is due.
+    pub fn poll_timeout(&self) -> Option<(Timestamp, TimerReason)> {
+        self.timers.first().map(|&(t, r, _)| (t, r))
+    }
+
+    /// Fires every timer due at or before `now`, in deadline order. Calling it early does
+    /// nothing.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.advance(now);
+        while let Some(&(t, reason, id)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            match reason {
+                TimerReason::DispatchTick => self.on_tick(now),
+                TimerReason::ProgressRequest => self.on_progress_timer(now),
+                TimerReason::FreshnessWait => self.on_fresh_timeout(RequestId(id)),
+                TimerReason::WatchDeadline => self.on_watch_deadline(RequestId(id)),
+                TimerReason::SlowWatcherBudget => self.on_batch_deadline(id),
+                TimerReason::RequestTimeout => self.on_request_timeout(RequestId(id)),
+            }
+        }
+    }
+
+    // ----- getters ----------------------------------------------------------------------------
+
+    /// When the cacher was created (bookmark buckets count whole seconds from it).
+    pub fn created_at(&self) -> Timestamp {
+        self.created
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The cache's resourceVersion (`watchCache.resourceVersion`).
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// The RV of the last successful list (`listResourceVersion`).
+    pub fn list_resource_version(&self) -> u64 {
+        self.list_rv
+    }
+
+    /// The ready gate's state.
+    pub fn ready_state(&self) -> ReadyState {
+        self.ready.state()
+    }
+
+    /// How often the gate has opened (`ready.generation`).
+    pub fn ready_generation(&self) -> u64 {
+        self.ready.generation()
+    }
+
+    /// The last storage error while not ready.
+    pub fn last_error(&self) -> Option<&str> {
+        self.ready.last_error()
+    }
+
+    /// The ring buffer's window.
+    pub fn window(&self) -> Window {
+        Window {
+            oldest_rv: self.ring.oldest().map(|e| e.rv()),
+            newest_rv: self.ring.newest().map(|e| e.rv()),
+            oldest_servable: self.oldest_servable().ok(),
+            len: self.ring.len(),
+            capacity: self.ring.capacity(),
+            start_index: self.ring.start_index(),
+            end_index: self.ring.end_index(),
+            evicted_since_relist: self.ring.removed_since_relist(),
+        }
+    }
+
+    /// Buffered events, oldest first: (RV, key, is delete).
+    pub fn window_events(&self) -> impl Iterator<Item = (u64, &[u8], bool)> + '_ {
+        self.ring.iter().map(|e| (e.rv(), e.key(), e.is_delete()))
+    }
+
+    /// Objects in the store.
+    pub fn store_len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// The stored object under `key` (no read decision, no metrics).
+    pub fn peek(&self, key: &[u8]) -> Option<&Arc<Object>> {
+        self.store.get(key)
+    }
+
+    /// All stored objects in key order (an O(1) snapshot, then a walk).
+    pub fn objects(&self) -> Vec<Arc<Object>> {
+        self.store.tree().to_vec()
+    }
+
+    /// Snapshots held for Exact reads (v1.34), and the oldest one's RV.
+    pub fn snapshots(&self) -> (usize, Option<u64>) {
+        (self.store.snapshot_count(), self.store.oldest_snapshot_rv())
+    }
+
+    /// The dispatch time budget available now, in ms.
+    pub fn budget_available_ms(&self) -> u64 {
+        self.budget.available_ms()
+    }
+
+    /// The dispatcher's bookmark RV (`lastProcessedResourceVersion`).
+    pub fn last_processed_rv(&self) -> u64 {
+        self.last_processed_rv
+    }
+
+    /// Storage's compaction revision as last reported.
+    pub fn compacted_rv(&self) -> u64 {
+        self.compacted_rv
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Open watches.
+    pub fn watcher_count(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    /// Requests parked (waiting for the gate, storage's revision, or freshness).
+    pub fn parked_count(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Requests waiting for freshness.
+    pub fn fresh_waiter_count(&self) -> usize {
+        self.fresh_waiters.len()
+    }
+
+    /// Entries in the bookmark time buckets (stale ones included, as in Kubernetes).
+    pub fn bookmark_bucket_entries(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Open watches, by id.
+    pub fn watchers(&self) -> Vec<WatcherInfo> {
+        let mut ids: Vec<u64> = self.slot_of.keys().copied().collect();
+        ids.sort_unstable();
+        ids.into_iter().filter_map(|id| self.watcher(RequestId(id))).collect()
+    }
+
+    /// One open watch.
+    pub fn watcher(&self, id: RequestId) -> Option<WatcherInfo> {
+        let w = self.watcher_ref(id)?;
+        let (state, lag) = match &w.flow {
+            Flow::Active if w.initial.is_some() => ("replaying", 0),
+            Flow::Active => ("active", 0),
+            Flow::Blocked { overflow, .. } => ("blocked", overflow.len() as u64),
+            Flow::Lagging { next_index } => {
+                ("lagging", self.ring.end_index().saturating_sub(*next_index))
+            }
+            Flow::Draining { .. } => ("draining", 0),
+        };
+        Some(WatcherInfo {
+            id: w.id,
+            key: describe_range(&w.range),
+            rv: w.rv,
+            last_sent_rv: w.last_sent_rv,
+            queued: w.queue.len(),
+            queue_capacity: w.queue_cap,
+            initial_pending: w.initial.as_ref().map_or(0, |i| i.buffer.len()),
+            state,
+            lag,
+            auto: w.credit == u64::MAX,
+            policy: match w.policy {
+                crate::request::SlowPolicy::Terminate => "terminate",
+                crate::request::SlowPolicy::Lag => "lag",
+            },
+            allow_bookmarks: w.allow_bookmarks,
+        })
+    }
+
+    /// Checks internal invariants; panics on a violation. For tests and fuzzing.
+    pub fn check_invariants(&self) {
+        let win = self.window();
+        assert!(win.len <= win.capacity, "ring over capacity");
+        let mut prev = 0;
+        for e in self.ring.iter() {
+            assert!(e.rv() >= prev, "ring out of order");
+            prev = e.rv();
+        }
+        assert!(self.rv >= prev, "cache RV behind the ring");
+        for (id, slot) in self.slot_of.iter() {
+            let w = self.slots[*slot as usize].as_ref().expect("slot of a live watcher is empty");
+            assert_eq!(w.id.0, *id);
+            assert!(w.queue.len() <= w.queue_cap + 1024, "queue far over capacity");
+            let placed = match &w.placement {
+                Placement::Scope { namespace, name } => self
+                    .by_scope
+                    .get(namespace)
+                    .and_then(|m| m.get(name))
+                    .is_some_and(|v| v.contains(slot)),
+                Placement::Trigger(v) => self.by_value.get(v).is_some_and(|s| s.contains(slot)),
+            };
+            assert!(placed || !w.is_open_for_input(), "open watcher not indexed");
+        }
+        let indexed: usize =
+            self.by_scope.values().flat_map(|m| m.values()).map(Vec::len).sum::<usize>()
+                + self.by_value.values().map(Vec::len).sum::<usize>();
+        assert!(indexed <= self.slot_of.len(), "index holds closed watchers");
+        assert_eq!(
+            self.progress_waiters,
+            self.parked
+                .values()
+                .filter(|p| matches!(p.phase(), Phase::Fresh { progress: true, .. }))
+                .count(),
+            "progress waiter count"
+        );
+    }
+
+    // ----- internals shared by the other modules ---------------------------------------------
+
+    pub(crate) fn advance(&mut self, now: Timestamp) {
+        if now > self.now {
+            self.now = now;
+        }
+    }
+
+    pub(crate) fn alloc_id(&mut self) -> RequestId {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        id
+    }
+
+    pub(crate) fn watcher_ref(&self, id: RequestId) -> Option<&Watcher> {
+        let slot = *self.slot_of.get(&id.0)?;
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    pub(crate) fn slot(&self, id: RequestId) -> Option<Slot> {
+        self.slot_of.get(&id.0).copied()
+    }
+
+    pub(crate) fn set_timer(&mut self, at: Timestamp, reason: TimerReason, id: u64) {
+        self.timers.insert((at, reason, id));
+    }
+
+    pub(crate) fn clear_timer(&mut self, at: Timestamp, reason: TimerReason, id: u64) {
+        self.timers.remove(&(at, reason, id));
+    }
+
+    /// The oldest RV a watch can be served from (§1.4).
+    pub(crate) fn oldest_servable(&self) -> Result<u64, Status> {
+        if self.list_rv > 0 && !self.ring.removed_since_relist() {
+            return Ok(self.list_rv + 1);
+        }
+        match self.ring.oldest() {
+            Some(e) => Ok(e.rv()),
+            None => Err(Status::new(
+                crate::status::Reason::InternalError,
+                "watch cache isn't correctly initialized",
+            )),
+        }
+    }
+
+    fn check_event_rv(&self, rv: u64) -> Result<(), StorageError> {
+        match self.ready.state() {
+            ReadyState::Stopped => return Err(StorageError::Stopped),
+            ReadyState::Pending => return Err(StorageError::NotInitialized),
+            ReadyState::Ready => {}
+        }
+        if rv > self.rv || (rv == self.rv && self.rv_from_event) {
+            Ok(())
+        } else {
+            Err(StorageError::RvWentBack { rv, current: self.rv })
+        }
+    }
+
+    /// `processEvent` after the store mutation: ring, cache RV, snapshot, dispatch, waiters.
+    fn record_event(&mut self, event: Arc<Event>, now: Timestamp) {
+        let rv = event.rv();
+        self.metrics.events_received += 1;
+        let effects = self.ring.push(event.clone(), now);
+        if let Some((old, new)) = effects.resized {
+            if new > old {
+                self.metrics.capacity_increases += 1;
+            } else {
+                self.metrics.capacity_decreases += 1;
+            }
+        }
+        self.rv = rv;
+        self.rv_from_event = true;
+        self.store.snapshot(rv);
+        if effects.evicted > 0 && self.store.snapshots_enabled() {
+            if let Some(oldest) = self.ring.oldest() {
+                self.store.prune_snapshots_below(oldest.rv());
+            }
+        }
+        self.last_processed_rv = rv;
+        self.metrics.events_dispatched += 1;
+        self.dispatch(&event);
+        self.wake_fresh_waiters();
+    }
+
+    fn arm_tick(&mut self, now: Timestamp) {
+        let base = self.cfg.dispatch_tick_ms;
+        let max_extra = (base as f64 * self.cfg.dispatch_tick_jitter) as u64;
+        let extra = if max_extra == 0 { 0 } else { self.rng.up_to(max_extra) };
+        self.tick_at = now.add_ms(base + extra);
+        self.set_timer(self.tick_at, TimerReason::DispatchTick, 0);
+    }
+
+    pub(crate) fn on_tick(&mut self, now: Timestamp) {
+        if self.ready.state() == ReadyState::Stopped {
+            return;
+        }
+        self.bookmark_tick(now);
+        self.arm_tick(now);
+    }
+
+    /// Ends every open watch (`terminateAllWatchers`).
+    pub(crate) fn terminate_all(&mut self, cause: CloseCause, message: Option<String>) {
+        let mut ids: Vec<u64> = self.slot_of.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.close_watcher(RequestId(id), cause, None, message.clone());
+        }
+    }
+}
+
+pub(crate) fn describe_range(r: &crate::key::KeyRange) -> String {
+    use crate::key::KeyRange;
+    match r {
+        KeyRange::Prefix(k) => format!("{}*", display_key(k.as_bytes())),
+        KeyRange::Exact(k) => display_key(k.as_bytes()),
+        KeyRange::Range { start, end: Some(e) } => {
+            format!("[{}, {})", display_key(start.as_bytes()), display_key(e.as_bytes()))
+        }
+        KeyRange::Range { start, end: None } => format!("[{}, ∞)", display_key(start.as_bytes())),
+    }
+}

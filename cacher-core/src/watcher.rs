@@ -1,0 +1,174 @@
+//! One client watch: its filter, its queue, its bookmark state and its slow-consumer state.
+//!
+//! Kubernetes counterpart: `cache_watcher.go` (`cacheWatcher`: `nonblockingAdd`, `add`,
+//! `convertToWatchEvent`, the bookmark-after-RV state machine, `processInterval`/`process`'s
+//! resourceVersion filter, `forget`/`stopLocked` and draining). The queue stands for the
+//! watcher's `input` channel, its `result` channel and the one event its goroutine holds
+//! (2 × channel size + 1), so a watcher that stops reading blocks on the same event as in
+//! Kubernetes.
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::string::String;
+use alloc::sync::Arc;
+
+use crate::event::Event;
+use crate::interval::Initial;
+use crate::key::KeyRange;
+use crate::object::Object;
+use crate::output::{ChangeKind, CloseCause, RequestId, WatchEvent};
+use crate::request::SlowPolicy;
+use crate::selector::Selector;
+use crate::status::Status;
+use crate::time::Timestamp;
+
+/// Where a watcher is indexed for dispatch (`allWatchers[scope]` or `valueWatchers[value]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    Scope { namespace: Box<str>, name: Box<str> },
+    Trigger(Box<str>),
+}
+
+/// The initial-events-end bookmark state (`bookmarkAfterResourceVersion`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BookmarkState {
+    /// Nothing pending (bookmark-after RV 0, or the annotated bookmark was sent).
+    Sent,
+    /// Waiting for a bookmark at or after the bookmark-after RV.
+    Waiting,
+    /// Such a bookmark is queued but not yet read by the client.
+    Received,
+}
+
+/// How events get to the watcher.
+#[derive(Debug)]
+pub(crate) enum Flow {
+    /// Events are queued (or delivered straight away while the client has credit).
+    Active,
+    /// The queue is full and dispatch is waiting for room within the time budget.
+    Blocked { batch: u64, overflow: VecDeque<WatchEvent> },
+    /// The queue was full (lag policy): replay from this ring index when there is room.
+    Lagging { next_index: u64 },
+    /// Closed for input: the client reads what is still on its way, then the watch ends.
+    Draining { cause: CloseCause, error: Option<Status>, message: Option<String> },
+}
+
+pub(crate) struct Watcher {
+    pub id: RequestId,
+    pub range: KeyRange,
+    pub selector: Option<Box<Selector>>,
+    /// The resourceVersion after the initial events (`process`'s filter).
+    pub rv: u64,
+    /// `rv` came from a storage event, so further events of the same revision still belong.
+    pub same_rv_ok: bool,
+    pub last_sent_rv: u64,
+    /// The RV of the last event queued (keeps revisions whole in the queue).
+    pub last_queued_rv: u64,
+    pub allow_bookmarks: bool,
+    pub bookmark_after_rv: u64,
+    pub bookmark_state: BookmarkState,
+    /// v1.32+: the annotated bookmark to send right after the initial events.
+    pub end_bookmark: Option<u64>,
+    pub deadline: Option<Timestamp>,
+    /// Events the client will take without being asked (`u64::MAX` = reads everything).
+    pub credit: u64,
+    pub policy: SlowPolicy,
+    pub chan_size: usize,
+    pub queue_cap: usize,
+    pub queue: VecDeque<WatchEvent>,
+    pub initial: Option<Box<Initial>>,
+    pub flow: Flow,
+    pub placement: Placement,
+}
+
+impl Watcher {
+    /// `convertToWatchEvent`'s filter: how this watcher sees a storage event, if at all.
+    #[inline]
+    pub(crate) fn classify(&self, ev: &Event) -> Option<ChangeKind> {
+        if !self.range.contains(ev.key()) {
+            return None;
+        }
+        let cur = ev.object().is_some_and(|o| self.selects(o));
+        let old = ev.prev().is_some_and(|o| self.selects(o));
+        match (cur, old) {
+            (true, false) => Some(ChangeKind::Added),
+            (true, true) => Some(ChangeKind::Modified),
+            (false, true) => Some(ChangeKind::Deleted),
+            (false, false) => None,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn selects(&self, o: &Object) -> bool {
+        self.selector.as_ref().is_none_or(|s| s.matches(o))
+    }
+
+    /// `process`'s resourceVersion filter for storage events.
+    #[inline]
+    pub(crate) fn wants_rv(&self, rv: u64) -> bool {
+        rv > self.rv || (rv == self.rv && self.same_rv_ok)
+    }
+
+    /// True while the watcher takes new events at all.
+    #[inline]
+    pub(crate) fn is_open_for_input(&self) -> bool {
+        !matches!(self.flow, Flow::Draining { .. })
+    }
+
+    /// True if a dispatched event can go straight to the client.
+    #[inline]
+    pub(crate) fn can_take_directly(&self) -> bool {
+        self.credit > 0
+            && self.queue.is_empty()
+            && self.initial.is_none()
+            && self.end_bookmark.is_none()
+            && matches!(self.flow, Flow::Active)
+    }
+
+    #[inline]
+    pub(crate) fn spend_credit(&mut self, n: u64) {
+        if self.credit != u64::MAX {
+            self.credit = self.credit.saturating_sub(n);
+        }
+    }
+
+    /// True if the queue can take `rv` now (a revision already started in the queue is always
+    /// completed, so revisions stay whole).
+    pub(crate) fn queue_has_room_for(&self, rv: u64) -> bool {
+        self.queue.len() < self.queue_cap
+            || (rv == self.last_queued_rv
+                && self.queue.back().and_then(WatchEvent::storage_rv) == Some(rv))
+    }
+
+    pub(crate) fn queue_has_room(&self) -> bool {
+        self.queue.len() < self.queue_cap
+    }
+
+    /// Records what the client has now been given.
+    pub(crate) fn note_sent(&mut self, ev: &WatchEvent) {
+        match ev {
+            WatchEvent::Bookmark { rv, .. } => {
+                if self.bookmark_state != BookmarkState::Sent {
+                    self.bookmark_state = BookmarkState::Sent;
+                }
+                self.last_sent_rv = self.last_sent_rv.max(*rv);
+            }
+            WatchEvent::Change(_, e) => self.last_sent_rv = self.last_sent_rv.max(e.rv()),
+            WatchEvent::Initial(_) => {}
+        }
+    }
+
+    /// The bookmark item for this watcher (annotated while the end marker is owed).
+    pub(crate) fn bookmark(&self, rv: u64) -> WatchEvent {
+        WatchEvent::Bookmark {
+            rv,
+            initial_events_end: self.bookmark_after_rv != 0
+                && self.bookmark_state != BookmarkState::Sent,
+        }
+    }
+}
+
+/// A shared event wrapped for one watcher.
+pub(crate) fn change(kind: ChangeKind, ev: &Arc<Event>) -> WatchEvent {
+    WatchEvent::Change(kind, ev.clone())
+}

@@ -1,0 +1,3 @@
+#![no_main]
+//! Fuzz target: cacher_core::fuzzing::scenario.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| cacher_core::fuzzing::scenario(data));
