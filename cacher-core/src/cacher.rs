@@ -18,7 +18,7 @@ use crate::budget::TimeBudget;
 use crate::config::{Config, ConfigError};
 use crate::event::Event;
 use crate::hash::HashMap;
-use crate::key::display_key;
+use crate::key::{display_key, Key};
 use crate::metrics::Metrics;
 use crate::object::Object;
 use crate::output::{CloseCause, Output, RequestId};
@@ -30,6 +30,25 @@ use crate::status::Status;
 use crate::store::Store;
 use crate::time::Timestamp;
 use crate::watcher::{Flow, Placement, Watcher};
+
+/// One change of a storage revision.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Create or update.
+    Put(Object),
+    /// Delete of a key.
+    Delete(Key),
+}
+
+impl Change {
+    /// The key it changes.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Change::Put(o) => o.key(),
+            Change::Delete(k) => k.as_bytes(),
+        }
+    }
+}
 
 /// Why the next timeout is due (see [`Cacher::poll_timeout`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -85,8 +104,10 @@ pub enum StorageError {
     },
     /// A delete of a key the cache does not hold.
     UnknownKey(String),
-    /// A relist with the same key twice.
+    /// A relist or a revision with the same key twice.
     DuplicateKey(String),
+    /// A revision with no changes.
+    EmptyRevision(u64),
     /// A relisted object newer than the list.
     ObjectNewerThanList {
         /// The key.
@@ -112,7 +133,8 @@ impl core::fmt::Display for StorageError {
                 write!(f, "object resourceVersion {object_rv} differs from the event's {event_rv}")
             }
             StorageError::UnknownKey(k) => write!(f, "delete of unknown key {k:?}"),
-            StorageError::DuplicateKey(k) => write!(f, "duplicate key {k:?} in list"),
+            StorageError::DuplicateKey(k) => write!(f, "duplicate key {k:?}"),
+            StorageError::EmptyRevision(rv) => write!(f, "revision {rv} has no changes"),
             StorageError::ObjectNewerThanList { key, rv, list_rv } => {
                 write!(
                     f,
@@ -249,8 +271,6 @@ pub struct Cacher {
     pub(crate) store: Store,
     /// `watchCache.resourceVersion`.
     pub(crate) rv: u64,
-    /// The last RV came from an event (another event of the same revision may follow).
-    pub(crate) rv_from_event: bool,
     pub(crate) list_rv: u64,
     /// The dispatcher's `lastProcessedResourceVersion`.
     pub(crate) last_processed_rv: u64,
@@ -303,7 +323,6 @@ impl Cacher {
             ring,
             store,
             rv: 0,
-            rv_from_event: false,
             list_rv: 0,
             last_processed_rv: 0,
             compacted_rv: 0,
@@ -373,7 +392,6 @@ impl Cacher {
         self.store.replace(objs, rv);
         self.list_rv = rv;
         self.rv = rv;
-        self.rv_from_event = false;
         if self.cfg.profile.is_v1_34() && self.last_processed_rv == 0 {
             // 1.31+: the dispatcher seeds its bookmark RV from the first list.
             self.last_processed_rv = rv;
@@ -390,17 +408,8 @@ impl Cacher {
     /// A storage event: create or update of `object` at its RV (ADDED vs MODIFIED follows the
     /// store). `create_revision`/`version` are filled in as etcd would when unset.
     pub fn handle_put(&mut self, now: Timestamp, object: Object) -> Result<(), StorageError> {
-        self.advance(now);
         let rv = object.rv();
-        self.check_event_rv(rv)?;
-        let prev = self.store.get(object.key()).cloned();
-        let mut object = object;
-        object.set_etcd_meta_if_unknown(prev.as_deref());
-        let object = Arc::new(object);
-        let event = Arc::new(Event::put(object.clone(), prev, now));
-        self.store.put(object);
-        self.record_event(event, now);
-        Ok(())
+        self.handle_revision(now, rv, alloc::vec![Change::Put(object)])
     }
 
     /// A storage event: delete of `key` at `rv`. The key must be in the store.
@@ -410,14 +419,71 @@ impl Cacher {
         key: &[u8],
         rv: u64,
     ) -> Result<(), StorageError> {
+        self.handle_revision(now, rv, alloc::vec![Change::Delete(Key::new(key))])
+    }
+
+    /// Every change of one storage revision at once (an etcd watch response carries whole
+    /// revisions; a multi-key transaction is one revision). Readers and new watches never see
+    /// part of a revision. Objects with RV 0 take `rv`.
+    pub fn handle_revision(
+        &mut self,
+        now: Timestamp,
+        rv: u64,
+        changes: Vec<Change>,
+    ) -> Result<(), StorageError> {
         self.advance(now);
-        self.check_event_rv(rv)?;
-        let Some(prev) = self.store.get(key).cloned() else {
-            return Err(StorageError::UnknownKey(display_key(key)));
-        };
-        let event = Arc::new(Event::delete(rv, prev, now));
-        self.store.delete(key);
-        self.record_event(event, now);
+        match self.ready.state() {
+            ReadyState::Stopped => return Err(StorageError::Stopped),
+            ReadyState::Pending => return Err(StorageError::NotInitialized),
+            ReadyState::Ready => {}
+        }
+        if rv <= self.rv {
+            return Err(StorageError::RvWentBack { rv, current: self.rv });
+        }
+        if changes.is_empty() {
+            return Err(StorageError::EmptyRevision(rv));
+        }
+        // Check everything before changing anything.
+        let mut seen: BTreeSet<&[u8]> = BTreeSet::new();
+        for change in &changes {
+            let key = change.key();
+            if !seen.insert(key) {
+                return Err(StorageError::DuplicateKey(display_key(key)));
+            }
+            match change {
+                Change::Put(o) if o.rv() != rv && o.rv() != 0 => {
+                    return Err(StorageError::RvMismatch { event_rv: rv, object_rv: o.rv() });
+                }
+                Change::Delete(k) if self.store.get(k.as_bytes()).is_none() => {
+                    return Err(StorageError::UnknownKey(display_key(k.as_bytes())));
+                }
+                _ => {}
+            }
+        }
+        let n = changes.len() as u64;
+        for change in changes {
+            let event = match change {
+                Change::Put(o) => {
+                    let prev = self.store.get(o.key()).cloned();
+                    let mut o = if o.rv() == 0 { o.with_rv(rv) } else { o };
+                    o.set_etcd_meta_if_unknown(prev.as_deref());
+                    let o = Arc::new(o);
+                    self.store.put(o.clone());
+                    Event::put(o, prev, now)
+                }
+                Change::Delete(k) => {
+                    // Checked above: the key is present.
+                    let Some(prev) = self.store.delete(k.as_bytes()) else { continue };
+                    Event::delete(rv, prev, now)
+                }
+            };
+            self.record_event(Arc::new(event), now);
+        }
+        self.rv = rv;
+        self.store.snapshot(rv);
+        self.last_processed_rv = rv;
+        self.metrics.events_dispatched += n;
+        self.wake_fresh_waiters();
         Ok(())
     }
 
@@ -433,10 +499,7 @@ impl Cacher {
         if rv < self.rv {
             return Err(StorageError::RvWentBack { rv, current: self.rv });
         }
-        if rv > self.rv {
-            self.rv = rv;
-            self.rv_from_event = false;
-        }
+        self.rv = rv;
         self.last_processed_rv = self.last_processed_rv.max(rv);
         self.metrics.events_dispatched += 1;
         self.wake_fresh_waiters();
@@ -750,6 +813,11 @@ impl Cacher {
             return Ok(self.list_rv + 1);
         }
         match self.ring.oldest() {
+            // Part of the oldest revision was evicted: the first whole revision is the next one.
+            Some(e) if self.ring.last_evicted_rv() == Some(e.rv()) => {
+                let next = self.ring.first_index_after(e.rv());
+                Ok(self.ring.get(next).map_or(self.rv + 1, |n| n.rv()))
+            }
             Some(e) => Ok(e.rv()),
             None => Err(Status::new(
                 crate::status::Reason::InternalError,
@@ -758,22 +826,8 @@ impl Cacher {
         }
     }
 
-    fn check_event_rv(&self, rv: u64) -> Result<(), StorageError> {
-        match self.ready.state() {
-            ReadyState::Stopped => return Err(StorageError::Stopped),
-            ReadyState::Pending => return Err(StorageError::NotInitialized),
-            ReadyState::Ready => {}
-        }
-        if rv > self.rv || (rv == self.rv && self.rv_from_event) {
-            Ok(())
-        } else {
-            Err(StorageError::RvWentBack { rv, current: self.rv })
-        }
-    }
-
-    /// `processEvent` after the store mutation: ring, cache RV, snapshot, dispatch, waiters.
+    /// `processEvent` after the store mutation: ring (resizing, eviction), dispatch.
     fn record_event(&mut self, event: Arc<Event>, now: Timestamp) {
-        let rv = event.rv();
         self.metrics.events_received += 1;
         let effects = self.ring.push(event.clone(), now);
         if let Some((old, new)) = effects.resized {
@@ -783,18 +837,12 @@ impl Cacher {
                 self.metrics.capacity_decreases += 1;
             }
         }
-        self.rv = rv;
-        self.rv_from_event = true;
-        self.store.snapshot(rv);
         if effects.evicted > 0 && self.store.snapshots_enabled() {
             if let Some(oldest) = self.ring.oldest() {
                 self.store.prune_snapshots_below(oldest.rv());
             }
         }
-        self.last_processed_rv = rv;
-        self.metrics.events_dispatched += 1;
         self.dispatch(&event);
-        self.wake_fresh_waiters();
     }
 
     fn arm_tick(&mut self, now: Timestamp) {

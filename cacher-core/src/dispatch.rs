@@ -189,7 +189,8 @@ impl Cacher {
         }
     }
 
-    /// `nonblockingAdd` of a bookmark, then `process`'s filter.
+    /// `nonblockingAdd` of a bookmark. `process`'s filter and the initial-events-end
+    /// annotation are decided when the client reads it (see `Watcher::bookmark_for_client`).
     fn offer_bookmark(&mut self, slot: Slot, rv: u64) {
         let Some(w) = self.slots[slot as usize].as_mut() else { return };
         if rv < w.bookmark_after_rv {
@@ -200,23 +201,19 @@ impl Cacher {
         if !room {
             return;
         }
-        let passes = rv > w.rv || (rv == w.rv && w.bookmark_state != BookmarkState::Sent);
         if w.bookmark_state == BookmarkState::Waiting {
             w.bookmark_state = BookmarkState::Received;
         }
-        if !passes {
+        if !direct {
+            w.queue.push_back(WatchEvent::Bookmark { rv, initial_events_end: false });
             return;
         }
-        let item = w.bookmark(rv);
-        if direct {
-            w.spend_credit(1);
-            w.note_sent(&item);
-            let id = w.id;
-            self.metrics.deliveries += 1;
-            self.metrics.bookmarks_sent += 1;
-            self.outputs.push_back(Output::Deliver { watch: id, events: alloc::vec![item] });
-        } else {
-            w.queue.push_back(item);
-        }
+        let Some(item) = w.bookmark_for_client(rv) else { return };
+        w.spend_credit(1);
+        w.note_sent(&item);
+        let id = w.id;
+        self.metrics.deliveries += 1;
+        self.metrics.bookmarks_sent += 1;
+        self.outputs.push_back(Output::Deliver { watch: id, events: alloc::vec![item] });
     }
 }

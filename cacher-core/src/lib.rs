@@ -49,6 +49,7 @@
 //! let mut delivered = 0;
 //! while let Some(out) = cacher.poll_output() {
 //!     match out {
+//!         Output::WatchStarted { watch, rv, .. } => assert_eq!((watch, rv), (w, 9)),
 //!         Output::Fanout { event, targets } => {
 //!             assert_eq!(event.rv(), 10);
 //!             assert!(targets.iter().any(|(id, _)| *id == w));
@@ -111,14 +112,15 @@ mod watcher;
 pub mod replay;
 
 pub use btree::Tree;
-pub use cacher::{Cacher, StorageError, TimerReason, WatcherInfo, Window};
+pub use cacher::{Cacher, Change, StorageError, TimerReason, WatcherInfo, Window};
 pub use config::{Config, ConfigError, Profile};
 pub use event::Event;
 pub use key::{display_key, has_path_prefix, prefix_end, Key, KeyRange};
 pub use metrics::{Metrics, READ_WAIT_BUCKETS_MS};
 pub use object::{Attrs, Object};
 pub use output::{
-    CachedRead, ChangeKind, CloseCause, Output, ReadOutcome, RequestId, Target, WatchEvent,
+    CachedRead, ChangeKind, CloseCause, InitialSource, Output, ReadOutcome, RequestId, Target,
+    WatchEvent,
 };
 pub use ready::ReadyState;
 pub use request::{ConsumeMode, GetRequest, ListRequest, RvMatch, SlowPolicy, WatchRequest};

@@ -111,6 +111,28 @@ impl WatchEvent {
     }
 }
 
+/// Where a new watch's initial events come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InitialSource {
+    /// The current state, as ADDED events (RV 0, or sendInitialEvents=true).
+    Store,
+    /// The ring buffer: the buffered events after its RV.
+    Ring,
+    /// None: it starts at or after the cache's RV.
+    Nothing,
+}
+
+impl InitialSource {
+    /// `store`, `ring` or `none`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            InitialSource::Store => "store",
+            InitialSource::Ring => "ring",
+            InitialSource::Nothing => "none",
+        }
+    }
+}
+
 /// Why a watch ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CloseCause {
@@ -181,6 +203,17 @@ pub enum Output {
         event: Arc<Event>,
         /// The watchers and how each sees it, in dispatch order.
         targets: Box<[Target]>,
+    },
+    /// A watch is registered: change events with RV above `rv` follow (after any initial
+    /// events). Host information (e.g. the header of etcd's `created` response); not part of a
+    /// scenario trace.
+    WatchStarted {
+        /// The watch.
+        watch: RequestId,
+        /// Changes after this RV are delivered.
+        rv: u64,
+        /// Where its initial events come from.
+        initial: InitialSource,
     },
     /// Events for one watcher (initial events, or what it read from its queue).
     Deliver {

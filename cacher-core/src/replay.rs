@@ -26,7 +26,7 @@ use crate::rv::RvParam;
 use crate::selector::Selector;
 use crate::status::Status;
 use crate::time::Timestamp;
-use crate::Cacher;
+use crate::{Cacher, Change};
 
 /// A malformed scenario: where, and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,6 +204,7 @@ pub enum Op {
     Replace { rv: u64, objects: Vec<Object> },
     Put { rv: u64, object: Object },
     Delete { rv: u64, key: String },
+    Txn { rv: u64, changes: Vec<Change> },
     Progress { rv: u64 },
     StorageError { reason: String },
     EtcdRv { rv: u64 },
@@ -538,6 +539,44 @@ fn parse_step(v: &Value, path: &str) -> Result<Step, ScenarioError> {
             Op::Put { rv, object }
         }
         "delete" => Op::Delete { rv: f.u64("rv")?, key: f.string("key")? },
+        "txn" => {
+            let rv = f.u64("rv")?;
+            let ops = match f.require("ops")? {
+                Value::Array(a) if !a.is_empty() => a,
+                other => {
+                    return Err(ScenarioError::new(
+                        f.at("ops"),
+                        format!("expected a non-empty array of puts and deletes, got {}", kind_of(other)),
+                    ))
+                }
+            };
+            let mut changes = Vec::with_capacity(ops.len());
+            for (j, o) in ops.iter().enumerate() {
+                let p = format!("{path}.ops[{j}]");
+                let mut g = Fields::new(o, &p)?;
+                match g.string("op")?.as_str() {
+                    "put" => {
+                        let obj = parse_object(g.require("object")?, &format!("{p}.object"), Some(rv))?;
+                        if obj.rv() != rv {
+                            return Err(ScenarioError::new(
+                                format!("{p}.object.rv"),
+                                format!("must equal the txn's rv {rv} (or be left out), got {}", obj.rv()),
+                            ));
+                        }
+                        changes.push(Change::Put(obj));
+                    }
+                    "delete" => changes.push(Change::Delete(Key::from(g.string("key")?.as_str()))),
+                    other => {
+                        return Err(ScenarioError::new(
+                            format!("{p}.op"),
+                            format!("expected \"put\" or \"delete\" inside a txn, got {other:?}"),
+                        ))
+                    }
+                }
+                g.finish()?;
+            }
+            Op::Txn { rv, changes }
+        }
         "progress" => Op::Progress { rv: f.u64("rv")? },
         "storage_error" => Op::StorageError { reason: f.opt_string("reason")?.unwrap_or_else(|| "watch failed".to_owned()) },
         "etcd_rv" => Op::EtcdRv { rv: f.u64("rv")? },
@@ -600,8 +639,8 @@ fn parse_step(v: &Value, path: &str) -> Result<Step, ScenarioError> {
             return Err(ScenarioError::new(
                 f.at("op"),
                 format!(
-                    "unknown op {other:?}; expected one of replace, put, delete, progress, storage_error, \
-                     etcd_rv, compact, watch, consume, credit, stop_watch, list, get, stop_cacher, advance"
+                    "unknown op {other:?}; expected one of replace, put, delete, txn, progress, \
+                     storage_error, etcd_rv, compact, watch, consume, credit, stop_watch, list, get, stop_cacher, advance"
                 ),
             ))
         }
@@ -729,6 +768,10 @@ impl Replayer {
                 Self::storage(i, self.cacher.handle_delete(now, key.as_bytes(), *rv))?;
                 self.max_stored_rv = self.max_stored_rv.max(*rv);
             }
+            Op::Txn { rv, changes } => {
+                Self::storage(i, self.cacher.handle_revision(now, *rv, changes.clone()))?;
+                self.max_stored_rv = self.max_stored_rv.max(*rv);
+            }
             Op::Progress { rv } => {
                 Self::storage(i, self.cacher.handle_progress(now, *rv))?;
                 self.max_stored_rv = self.max_stored_rv.max(*rv);
@@ -843,6 +886,8 @@ pub fn records_of(
                 trace.push(event_record(at, name(watch), e));
             }
         }
+        // Host information; the trace shows what clients see.
+        Output::WatchStarted { .. } => {}
         Output::WatchError { watch, status } => trace.push(Record {
             at,
             id: name(watch),

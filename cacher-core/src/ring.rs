@@ -43,13 +43,21 @@ pub(crate) struct Ring {
     start: u64,
     end: u64,
     removed_since_relist: bool,
+    last_evicted_rv: Option<u64>,
     cfg: RingConfig,
 }
 
 impl Ring {
     pub(crate) fn new(cfg: RingConfig) -> Ring {
         let cap = cfg.capacity.max(1);
-        Ring { slots: alloc::vec![None; cap], start: 0, end: 0, removed_since_relist: false, cfg }
+        Ring {
+            slots: alloc::vec![None; cap],
+            start: 0,
+            end: 0,
+            removed_since_relist: false,
+            last_evicted_rv: None,
+            cfg,
+        }
     }
 
     /// Appends an event (`updateCache`): resize if full, evict the oldest if still full, store.
@@ -63,7 +71,7 @@ impl Ring {
         }
         if self.is_full() {
             let slot = self.slot(self.start);
-            self.slots[slot] = None;
+            self.last_evicted_rv = self.slots[slot].take().map(|e| e.rv());
             self.start += 1;
             self.removed_since_relist = true;
             effects.evicted += 1;
@@ -82,6 +90,12 @@ impl Ring {
         }
         self.start = self.end;
         self.removed_since_relist = false;
+        self.last_evicted_rv = None;
+    }
+
+    /// RV of the last event dropped from the front (to tell a partly evicted revision).
+    pub(crate) fn last_evicted_rv(&self) -> Option<u64> {
+        self.last_evicted_rv
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -183,6 +197,7 @@ impl Ring {
         if new_cap < self.len() {
             let new_start = self.end - new_cap as u64;
             dropped = new_start - self.start;
+            self.last_evicted_rv = self.get(new_start - 1).map(|e| e.rv());
             self.start = new_start;
         }
         let mut slots: Vec<Option<Arc<Event>>> = alloc::vec![None; new_cap];

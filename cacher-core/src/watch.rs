@@ -16,7 +16,7 @@ use alloc::vec::Vec;
 use crate::bookmarks::{next_bookmark_time, Slot};
 use crate::cacher::{Cacher, Parked, Phase, TimerReason};
 use crate::interval::{Initial, Refill};
-use crate::output::{CloseCause, Output, RequestId, WatchEvent};
+use crate::output::{CloseCause, InitialSource, Output, RequestId, WatchEvent};
 use crate::ready::ReadyState;
 use crate::request::{ConsumeMode, WatchRequest};
 use crate::rv::RvParam;
@@ -249,15 +249,15 @@ impl Cacher {
             0
         };
         let from_store = |c: &Cacher| Initial::from_store(c.store.tree().clone());
-        let (initial, start_rv, same_rv_ok) = if sie == Some(true) {
-            (Some(from_store(self)), self.rv, false)
+        let (initial, start_rv, from_rv) = if sie == Some(true) {
+            (Some(from_store(self)), self.rv, self.rv)
         } else {
             let oldest = match self.oldest_servable() {
                 Ok(o) => o,
                 Err(status) => return self.error_watcher(id, status),
             };
             if required == 0 && sie.is_none() {
-                (Some(from_store(self)), self.rv, false)
+                (Some(from_store(self)), self.rv, self.rv)
             } else {
                 let required = if required == 0 { self.rv } else { required };
                 if required.saturating_add(1) < oldest {
@@ -265,13 +265,12 @@ impl Cacher {
                     return self.error_watcher(id, Status::too_old(required, oldest - 1));
                 }
                 if required >= self.rv {
-                    (None, required, false)
+                    (None, required, required)
                 } else {
                     let first = self.ring.first_index_after(required);
                     let end = self.ring.end_index();
                     let last_rv = self.ring.newest().map_or(required, |e| e.rv()).max(required);
-                    let same = first < end && last_rv == self.rv && self.rv_from_event;
-                    (Some(Initial::from_ring(first, end)), last_rv, same)
+                    (Some(Initial::from_ring(first, end)), last_rv, required)
                 }
             }
         };
@@ -303,6 +302,13 @@ impl Cacher {
             .cfg
             .watch_chan_size_for(self.ring.capacity(), matches!(placement, Placement::Trigger(_)));
         let queue_cap = req.queue_capacity.unwrap_or(2 * chan_size + 1);
+        let source = match &initial {
+            Some(i) if matches!(i.source, crate::interval::Source::Store { .. }) => {
+                InitialSource::Store
+            }
+            Some(_) => InitialSource::Ring,
+            None => InitialSource::Nothing,
+        };
         let end_bookmark = (self.cfg.profile.is_v1_34() && bookmark_after != 0)
             .then_some(self.rv.max(bookmark_after));
         let mut w = Watcher {
@@ -310,7 +316,6 @@ impl Cacher {
             range: req.range,
             selector: (!req.selector.is_empty()).then(|| Box::new(req.selector)),
             rv: start_rv,
-            same_rv_ok,
             last_sent_rv: 0,
             last_queued_rv: 0,
             allow_bookmarks: req.allow_bookmarks,
@@ -345,6 +350,7 @@ impl Cacher {
             }
         }
         let slot = self.insert_watcher(w);
+        self.outputs.push_back(Output::WatchStarted { watch: id, rv: from_rv, initial: source });
         if bookmark_after != 0 || req.allow_bookmarks {
             self.schedule_bookmark(slot, now);
         }
@@ -634,6 +640,12 @@ impl Cacher {
                 continue;
             }
             match w.queue.pop_front() {
+                Some(WatchEvent::Bookmark { rv, .. }) => {
+                    if let Some(ev) = w.bookmark_for_client(rv) {
+                        w.note_sent(&ev);
+                        out.push(ev);
+                    }
+                }
                 Some(ev) => {
                     w.note_sent(&ev);
                     out.push(ev);

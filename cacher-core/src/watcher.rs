@@ -59,8 +59,6 @@ pub(crate) struct Watcher {
     pub selector: Option<Box<Selector>>,
     /// The resourceVersion after the initial events (`process`'s filter).
     pub rv: u64,
-    /// `rv` came from a storage event, so further events of the same revision still belong.
-    pub same_rv_ok: bool,
     pub last_sent_rv: u64,
     /// The RV of the last event queued (keeps revisions whole in the queue).
     pub last_queued_rv: u64,
@@ -106,7 +104,7 @@ impl Watcher {
     /// `process`'s resourceVersion filter for storage events.
     #[inline]
     pub(crate) fn wants_rv(&self, rv: u64) -> bool {
-        rv > self.rv || (rv == self.rv && self.same_rv_ok)
+        rv > self.rv
     }
 
     /// True while the watcher takes new events at all.
@@ -156,6 +154,13 @@ impl Watcher {
             WatchEvent::Change(_, e) => self.last_sent_rv = self.last_sent_rv.max(e.rv()),
             WatchEvent::Initial(_) => {}
         }
+    }
+
+    /// A periodic bookmark as the client gets it, or `None` if `process`'s filter drops it
+    /// (not newer than the watch's RV, unless the end marker is still owed).
+    pub(crate) fn bookmark_for_client(&self, rv: u64) -> Option<WatchEvent> {
+        let passes = rv > self.rv || (rv == self.rv && self.bookmark_state != BookmarkState::Sent);
+        passes.then(|| self.bookmark(rv))
     }
 
     /// The bookmark item for this watcher (annotated while the end marker is owed).
