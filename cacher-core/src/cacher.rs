@@ -198,6 +198,46 @@ pub struct WatcherInfo {
     pub allow_bookmarks: bool,
 }
 
+/// The watchers of one trigger value: usually one (a kubelet per node), kept inline.
+#[derive(Clone, Debug)]
+pub(crate) enum Slots {
+    One(Slot),
+    Many(Vec<Slot>),
+}
+
+impl Slots {
+    pub(crate) fn as_slice(&self) -> &[Slot] {
+        match self {
+            Slots::One(s) => core::slice::from_ref(s),
+            Slots::Many(v) => v,
+        }
+    }
+
+    pub(crate) fn push(&mut self, slot: Slot) {
+        match self {
+            Slots::One(s) => *self = Slots::Many(alloc::vec![*s, slot]),
+            Slots::Many(v) => v.push(slot),
+        }
+    }
+
+    /// Removes `slot`, keeping the order; returns true when nothing is left.
+    pub(crate) fn remove(&mut self, slot: Slot) -> bool {
+        let remaining = match self {
+            Slots::One(s) => return *s == slot,
+            Slots::Many(v) => {
+                v.retain(|s| *s != slot);
+                match v.as_slice() {
+                    [] => return true,
+                    [only] => *only,
+                    _ => return false,
+                }
+            }
+        };
+        *self = Slots::One(remaining);
+        false
+    }
+}
+
 pub(crate) struct Batch {
     pub deadline: Timestamp,
     pub members: Vec<(Slot, RequestId)>,
@@ -284,7 +324,9 @@ pub struct Cacher {
     /// `allWatchers`: namespace → name → watchers ("" = any).
     pub(crate) by_scope: HashMap<Box<str>, HashMap<Box<str>, Vec<Slot>>>,
     /// `valueWatchers`: trigger value → watchers.
-    pub(crate) by_value: HashMap<Box<str>, Vec<Slot>>,
+    pub(crate) by_value: HashMap<Box<str>, Slots>,
+    /// The last watch range registered: identical ranges share one allocation.
+    pub(crate) last_range: Option<crate::key::KeyRange>,
     pub(crate) batches: BTreeMap<u64, Batch>,
     pub(crate) parked: BTreeMap<RequestId, Parked>,
     pub(crate) fresh_waiters: BTreeSet<(u64, RequestId)>,
@@ -331,6 +373,7 @@ impl Cacher {
             slot_of: HashMap::default(),
             by_scope: HashMap::default(),
             by_value: HashMap::default(),
+            last_range: None,
             batches: BTreeMap::new(),
             parked: BTreeMap::new(),
             fresh_waiters: BTreeSet::new(),
@@ -758,13 +801,15 @@ impl Cacher {
                     .get(namespace)
                     .and_then(|m| m.get(name))
                     .is_some_and(|v| v.contains(slot)),
-                Placement::Trigger(v) => self.by_value.get(v).is_some_and(|s| s.contains(slot)),
+                Placement::Trigger(v) => {
+                    self.by_value.get(v).is_some_and(|s| s.as_slice().contains(slot))
+                }
             };
             assert!(placed || !w.is_open_for_input(), "open watcher not indexed");
         }
         let indexed: usize =
             self.by_scope.values().flat_map(|m| m.values()).map(Vec::len).sum::<usize>()
-                + self.by_value.values().map(Vec::len).sum::<usize>();
+                + self.by_value.values().map(|s| s.as_slice().len()).sum::<usize>();
         assert!(indexed <= self.slot_of.len(), "index holds closed watchers");
         assert_eq!(
             self.progress_waiters,

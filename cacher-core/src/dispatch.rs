@@ -103,11 +103,11 @@ impl Cacher {
             let cur = ev.object().map(|o| o.field(field).unwrap_or(""));
             let prev = ev.prev().map(|o| o.field(field).unwrap_or(""));
             if let Some(v) = cur.and_then(|c| self.by_value.get(c)) {
-                out.extend_from_slice(v);
+                out.extend_from_slice(v.as_slice());
             }
             if prev != cur {
                 if let Some(v) = prev.and_then(|p| self.by_value.get(p)) {
-                    out.extend_from_slice(v);
+                    out.extend_from_slice(v.as_slice());
                 }
             }
         }

@@ -72,7 +72,7 @@
 //! error ([`Status`] for clients, [`StorageError`] for storage, [`ConfigError`] for
 //! configuration) and leaves the state unchanged.
 
-#![no_std]
+#![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

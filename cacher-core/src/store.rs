@@ -7,12 +7,13 @@
 //! Snapshots are clones of the persistent tree, so they share structure with the current state.
 
 use alloc::boxed::Box;
-use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::ops::ControlFlow;
 
 use crate::btree::Tree;
+use crate::hash::HashMap;
 use crate::key::KeyRange;
 use crate::object::Object;
 use crate::selector::Selector;
@@ -72,7 +73,7 @@ pub(crate) struct Query<'a> {
 pub(crate) struct Store {
     tree: Tree,
     index_field: Option<Box<str>>,
-    index: BTreeMap<Box<str>, BTreeSet<ByKey>>,
+    index: HashMap<Box<str>, BTreeSet<ByKey>>,
     snapshots_enabled: bool,
     snapshots: VecDeque<(u64, Tree)>,
 }
@@ -82,7 +83,7 @@ impl Store {
         Store {
             tree: Tree::new(),
             index_field,
-            index: BTreeMap::new(),
+            index: HashMap::default(),
             snapshots_enabled: snapshots,
             snapshots: VecDeque::new(),
         }
@@ -205,7 +206,17 @@ impl Store {
 
     fn index_insert(&mut self, field: &str, obj: Arc<Object>) {
         let value = obj.field(field).unwrap_or("");
-        self.index.entry(Box::from(value)).or_default().insert(ByKey(obj));
+        match self.index.get_mut(value) {
+            Some(set) => {
+                set.insert(ByKey(obj));
+            }
+            None => {
+                let mut set = BTreeSet::new();
+                let key = Box::from(value);
+                set.insert(ByKey(obj));
+                self.index.insert(key, set);
+            }
+        }
     }
 
     fn index_remove(&mut self, field: &str, obj: &Object) {

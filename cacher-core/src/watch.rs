@@ -14,7 +14,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::bookmarks::{next_bookmark_time, Slot};
-use crate::cacher::{Cacher, Parked, Phase, TimerReason};
+use crate::cacher::{Cacher, Parked, Phase, Slots, TimerReason};
 use crate::interval::{Initial, Refill};
 use crate::output::{CloseCause, InitialSource, Output, RequestId, WatchEvent};
 use crate::ready::ReadyState;
@@ -311,9 +311,17 @@ impl Cacher {
         };
         let end_bookmark = (self.cfg.profile.is_v1_34() && bookmark_after != 0)
             .then_some(self.rv.max(bookmark_after));
+        // Watchers of the same range share its key (dispatch reads it for every candidate).
+        let range = match &self.last_range {
+            Some(r) if *r == req.range => r.clone(),
+            _ => {
+                self.last_range = Some(req.range.clone());
+                req.range
+            }
+        };
         let mut w = Watcher {
             id,
-            range: req.range,
+            range,
             selector: (!req.selector.is_empty()).then(|| Box::new(req.selector)),
             rv: start_rv,
             last_sent_rv: 0,
@@ -403,7 +411,12 @@ impl Cacher {
             Placement::Scope { namespace, name } => {
                 self.by_scope.entry(namespace).or_default().entry(name).or_default().push(slot)
             }
-            Placement::Trigger(v) => self.by_value.entry(v).or_default().push(slot),
+            Placement::Trigger(v) => match self.by_value.get_mut(&v) {
+                Some(slots) => slots.push(slot),
+                None => {
+                    self.by_value.insert(v, Slots::One(slot));
+                }
+            },
         }
         slot
     }
@@ -428,13 +441,8 @@ impl Cacher {
                 }
             }
             Placement::Trigger(val) => {
-                if let Some(v) = self.by_value.get_mut(val) {
-                    if let Some(pos) = v.iter().position(|s| *s == slot) {
-                        v.remove(pos);
-                    }
-                    if v.is_empty() {
-                        self.by_value.remove(val);
-                    }
+                if self.by_value.get_mut(val).is_some_and(|v| v.remove(slot)) {
+                    self.by_value.remove(val);
                 }
             }
         }
