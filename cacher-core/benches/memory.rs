@@ -1,6 +1,6 @@
 //! Memory per idle watcher and per cached object: `cargo bench -p cacher-core --bench memory`.
 
-#[path = "memory_measure.rs"]
+#[path = "support/memory_measure.rs"]
 mod memory_measure;
 
 #[global_allocator]

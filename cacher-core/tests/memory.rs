@@ -1,7 +1,7 @@
 //! The memory targets: at most 1 KiB per idle watcher, at most 100 B per cached object beyond its
-//! key and value (counted by a global allocator; see benches/memory_measure.rs).
+//! key and value (counted by a global allocator; see benches/support/memory_measure.rs).
 
-#[path = "../benches/memory_measure.rs"]
+#[path = "../benches/support/memory_measure.rs"]
 mod memory_measure;
 
 #[global_allocator]
