@@ -882,11 +882,13 @@ impl Cacher {
                 self.metrics.capacity_decreases += 1;
             }
         }
-        if effects.evicted > 0 && self.store.snapshots_enabled() {
+        // While the buffer is full, snapshots older than its oldest event go (RemoveLess).
+        if self.ring.is_full() && self.store.snapshots_enabled() {
             if let Some(oldest) = self.ring.oldest() {
                 self.store.prune_snapshots_below(oldest.rv());
             }
         }
+        let _ = effects.evicted;
         self.dispatch(&event);
     }
 
@@ -907,11 +909,15 @@ impl Cacher {
     }
 
     /// Ends every open watch (`terminateAllWatchers`).
+    /// Ends every open watch (`terminateAllWatchers`): without draining, so each client gets
+    /// what its result channel already holds, then the end of its stream.
     pub(crate) fn terminate_all(&mut self, cause: CloseCause, message: Option<String>) {
         let mut ids: Vec<u64> = self.slot_of.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
-            self.close_watcher(RequestId(id), cause, None, message.clone());
+            if let Some(slot) = self.slot(RequestId(id)) {
+                self.stop_input(slot, cause, message.clone(), true);
+            }
         }
     }
 }

@@ -52,6 +52,32 @@ impl Initial {
         }
     }
 
+    pub(crate) fn is_store(&self) -> bool {
+        matches!(self.source, Source::Store { .. })
+    }
+
+    /// True when nothing is left to load (the buffer may still hold events).
+    pub(crate) fn is_source_exhausted(&self) -> bool {
+        match &self.source {
+            Source::Ring { next, end } => next >= end,
+            Source::Store { done, .. } => *done,
+        }
+    }
+
+    /// Loads nothing more (what is buffered is all the client gets).
+    pub(crate) fn finish_source(&mut self) {
+        self.source = Source::Ring { next: 0, end: 0 };
+    }
+
+    /// An upper bound of the initial events still to deliver, `cap` if unknown.
+    pub(crate) fn pending_at_least(&self, cap: usize) -> usize {
+        if self.is_source_exhausted() {
+            self.buffer.len()
+        } else {
+            cap
+        }
+    }
+
     pub(crate) fn is_exhausted(&self) -> bool {
         self.buffer.is_empty()
             && match &self.source {

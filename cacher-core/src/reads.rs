@@ -252,12 +252,14 @@ impl Cacher {
             )),
             None => {
                 if let Some(tok) = &req.continue_token {
-                    if !recursive {
-                        return Err(Status::bad_request(
-                            "continue is not supported for a single key",
+                    if !recursive || !self.store.snapshots_enabled() {
+                        return Ok(Decision::Storage(
+                            "continue tokens for a single key or without snapshots are served by storage",
                         ));
                     }
-                    let t = continue_token::decode(tok, &token_prefix)?;
+                    let t = continue_token::decode(tok, &token_prefix).map_err(|e| {
+                        Status::bad_request(alloc::format!("invalid continue token: {}", e.message))
+                    })?;
                     if t.rv > 0 {
                         exact(
                             t.rv as u64,
@@ -347,8 +349,7 @@ impl Cacher {
         deadline: Timestamp,
     ) {
         if plan.min_rv > self.rv {
-            let progress =
-                self.cfg.consistent_list_from_cache && self.cfg.storage_supports_progress;
+            let progress = self.progress_while_waiting(false);
             let fresh_deadline = self.now.add_ms(self.cfg.freshness_timeout_ms);
             self.park(
                 id,
@@ -433,8 +434,7 @@ impl Cacher {
     pub(crate) fn get_after_ready(&mut self, id: RequestId, req: GetRequest, deadline: Timestamp) {
         let need = req.rv.value();
         if need > self.rv {
-            let progress =
-                self.cfg.consistent_list_from_cache && self.cfg.storage_supports_progress;
+            let progress = self.progress_while_waiting(false);
             let fresh_deadline = self.now.add_ms(self.cfg.freshness_timeout_ms);
             self.park(
                 id,

@@ -45,21 +45,6 @@ impl Cacher {
             });
             return Ok(id);
         }
-        // 1.31+: a watch-list stream needs storage progress requests.
-        if self.cfg.profile.is_v1_34()
-            && sie == Some(true)
-            && req.allow_bookmarks
-            && !self.cfg.storage_supports_progress
-        {
-            self.error_watcher(
-                id,
-                Status::new(
-                    Reason::InternalError,
-                    "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
-                ),
-            );
-            return Ok(id);
-        }
         let deadline = req.timeout_ms.map(|t| now.add_ms(t));
         match self.ready.state() {
             ReadyState::Ready => {
@@ -159,6 +144,21 @@ impl Cacher {
         generation: u64,
         deadline: Option<Timestamp>,
     ) {
+        // 1.31+: a watch-list stream needs storage progress requests (checked once ready).
+        if self.cfg.profile.is_v1_34()
+            && sie == Some(true)
+            && req.allow_bookmarks
+            && !self.cfg.storage_supports_progress
+        {
+            self.error_watcher(
+                id,
+                Status::new(
+                    Reason::InternalError,
+                    "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
+                ),
+            );
+            return;
+        }
         // Step 8: requiredResourceVersion.
         let required = match req.rv {
             RvParam::At(n) => n,
@@ -194,8 +194,7 @@ impl Cacher {
     ) {
         // Step 11: only watch-list requests wait for freshness.
         if sie == Some(true) && required > self.rv {
-            let progress =
-                self.cfg.consistent_list_from_cache && self.cfg.storage_supports_progress;
+            let progress = self.progress_while_waiting(true);
             let fresh_deadline = self.now.add_ms(self.cfg.freshness_timeout_ms);
             self.park(
                 id,
@@ -273,6 +272,18 @@ impl Cacher {
                     (Some(Initial::from_ring(first, end)), last_rv, required)
                 }
             }
+        };
+        // In 1.30 `process` filters by the required RV, raised only by the initial events it
+        // actually sent (each at the cache RV for a store interval); 1.34 also raises it to the
+        // interval's RV. Only bookmarks can tell the difference.
+        let start_rv = if self.cfg.profile.is_v1_34() {
+            start_rv
+        } else if sie == Some(false) && req.rv == RvParam::Zero {
+            0
+        } else if initial.as_ref().is_some_and(|i| i.is_store()) && self.store.len() == 0 {
+            required
+        } else {
+            start_rv
         };
         // Steps 5–7: scope, trigger, channel size.
         let trigger = self
@@ -384,11 +395,27 @@ impl Cacher {
 
     pub(crate) fn not_ready_429(&self, now: Timestamp) -> Status {
         let message = match (self.cfg.profile.is_v1_34(), self.ready.last_error()) {
+            _ if self.ready.state() == ReadyState::Stopped => {
+                String::from("apiserver cacher is stopped")
+            }
             (true, Some(e)) => format!("storage is (re)initializing: {e}"),
             _ => String::from("storage is (re)initializing"),
         };
         let retry = if self.cfg.profile.is_v1_34() { self.ready.retry_after_s(now) } else { 1 };
         Status { reason: Reason::TooManyRequests, message, retry_after_s: Some(retry) }
+    }
+
+    /// Whether a request waiting for freshness asks storage for progress: in 1.30 under the
+    /// ConsistentListFromCache gate; in 1.34 when storage supports progress requests (watches)
+    /// and, for reads, also under the gate (`ConsistentReadSupported`).
+    pub(crate) fn progress_while_waiting(&self, watch: bool) -> bool {
+        if !self.cfg.profile.is_v1_34() {
+            self.cfg.consistent_list_from_cache
+        } else if watch {
+            self.cfg.storage_supports_progress
+        } else {
+            self.cfg.consistent_list_from_cache && self.cfg.storage_supports_progress
+        }
     }
 
     // ----- watcher table --------------------------------------------------------------------
@@ -490,29 +517,68 @@ impl Cacher {
     /// graceful, i.e. the initial-events-end bookmark is queued but unread).
     pub(crate) fn terminate_unresponsive(&mut self, slot: Slot) {
         self.metrics.terminated_watchers += 1;
+        let graceful = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|w| w.bookmark_state == BookmarkState::Received);
+        self.stop_input(slot, CloseCause::Unresponsive, None, !graceful);
+    }
+
+    /// `stopLocked`: the watcher takes no more events and its queue closes. Without draining,
+    /// only what its result channel holds (`chan_size` items: initial events while it is still
+    /// replaying, else the first queued ones) reaches the client; the watch then ends.
+    pub(crate) fn stop_input(
+        &mut self,
+        slot: Slot,
+        cause: CloseCause,
+        message: Option<String>,
+        trim: bool,
+    ) {
         let (id, batch) = {
             let Some(w) = self.slots[slot as usize].as_ref() else { return };
             (w.id, if let Flow::Blocked { batch, .. } = w.flow { Some(batch) } else { None })
         };
-        self.unindex(slot);
+        if self.slots[slot as usize].as_ref().is_some_and(|w| w.is_open_for_input()) {
+            self.unindex(slot);
+        }
         if let Some(b) = batch {
             self.leave_batch(b, slot, id);
         }
-        let Some(w) = self.slots[slot as usize].as_mut() else { return };
-        let graceful = w.bookmark_state == BookmarkState::Received;
-        w.flow = Flow::Draining { cause: CloseCause::Unresponsive, error: None, message: None };
-        if !graceful {
-            // Only the result channel's content reaches the client.
-            let mut keep = w.chan_size;
-            if let Some(init) = w.initial.as_mut() {
+        let buffer_size = self.cfg.interval_buffer_size;
+        let Cacher { slots, ring, .. } = self;
+        let Some(w) = slots[slot as usize].as_mut() else { return };
+        w.flow = Flow::Draining { cause, error: None, message };
+        if trim {
+            let keep = w.chan_size;
+            let mut replaying = false;
+            if let Some(mut init) = w.initial.take() {
+                // The result channel holds the next initial events: load them first.
+                while init.buffer.len() < keep {
+                    match init.refill(w, ring, buffer_size) {
+                        Refill::More => continue,
+                        Refill::Exhausted | Refill::Invalidated(_) => break,
+                    }
+                }
+                replaying = !init.is_source_exhausted() || init.buffer.len() >= keep;
                 init.buffer.truncate(keep);
-                keep -= init.buffer.len();
-                init.source = crate::interval::Source::Ring { next: 0, end: 0 };
+                init.finish_source();
+                w.initial = Some(init);
             }
-            if keep == 0 {
+            let used = w.initial.as_ref().map_or(0, |i| i.buffer.len());
+            if replaying {
+                // Live events were still in the input channel: they are lost.
                 w.end_bookmark = None;
+                w.queue.clear();
+            } else {
+                let mut room = keep - used;
+                if w.end_bookmark.is_some() {
+                    if room == 0 {
+                        w.end_bookmark = None;
+                    } else {
+                        room -= 1;
+                    }
+                }
+                w.queue.truncate(room);
             }
-            w.queue.truncate(keep);
         }
         self.finish_if_drained(slot);
     }
@@ -672,11 +738,12 @@ impl Cacher {
         let mut moved = false;
         let mut unblocked_batch = None;
         let mut fell_out = None;
+        let cap = w.live_capacity();
         match &mut w.flow {
             Flow::Blocked { batch, overflow } => {
                 while let Some(ev) = overflow.front() {
                     let rv = ev.storage_rv().unwrap_or(0);
-                    if !(w.queue.len() < w.queue_cap
+                    if !(w.queue.len() < cap
                         || (rv == w.last_queued_rv
                             && w.queue.back().and_then(WatchEvent::storage_rv) == Some(rv)))
                     {

@@ -130,16 +130,24 @@ impl Watcher {
         }
     }
 
+    /// Room for live events. While initial events are still being sent they hold the result
+    /// channel and the watcher's goroutine, so live events only have the input channel.
+    pub(crate) fn live_capacity(&self) -> usize {
+        let pending = self.initial.as_ref().map_or(0, |i| i.pending_at_least(self.chan_size + 1))
+            + usize::from(self.end_bookmark.is_some());
+        self.queue_cap.saturating_sub(pending.min(self.chan_size + 1))
+    }
+
     /// True if the queue can take `rv` now (a revision already started in the queue is always
     /// completed, so revisions stay whole).
     pub(crate) fn queue_has_room_for(&self, rv: u64) -> bool {
-        self.queue.len() < self.queue_cap
+        self.queue.len() < self.live_capacity()
             || (rv == self.last_queued_rv
                 && self.queue.back().and_then(WatchEvent::storage_rv) == Some(rv))
     }
 
     pub(crate) fn queue_has_room(&self) -> bool {
-        self.queue.len() < self.queue_cap
+        self.queue.len() < self.live_capacity()
     }
 
     /// Records what the client has now been given.

@@ -609,7 +609,7 @@ impl Harness {
             }
             let expected = self.expected_changes(&rec.spec, from);
             let mut changes = 0;
-            let mut last_change_rv = from;
+            let mut last_change_rv = 0;
             let mut end_markers = 0;
             for s in seen.iter().skip(1) {
                 match s {
@@ -628,10 +628,15 @@ impl Harness {
                         last_change_rv = *rv;
                     }
                     Seen::Bookmark(b, end) => {
-                        assert!(*b >= from, "{id}: bookmark {b} below start {from}");
+                        // 1.30 filters bookmarks by the required RV (0 for RV=0 watches) and its
+                        // dispatcher keeps its last RV across a relist, so a bookmark there can be
+                        // older than the watch's start; 1.34 raises the filter to the interval's RV.
+                        if self.c.config().profile == Profile::V1_34 {
+                            assert!(*b >= from, "{id}: bookmark {b} below start {from}");
+                        }
                         assert!(
                             *b >= last_change_rv,
-                            "{id}: bookmark {b} below delivered {last_change_rv}"
+                            "{id}: bookmark {b} below delivered {last_change_rv}: {seen:?}"
                         );
                         let owed = expected.iter().filter(|(_, _, rv)| rv <= b).count();
                         assert_eq!(
