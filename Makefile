@@ -9,11 +9,13 @@ TOOLS := $(ROOT)/.tools
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
+VENV := $(ROOT)/.venv
+PYTHON ?= python3
 FUZZ_SECONDS ?= 15
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust fuzz-smoke bench setup-rust setup-fuzz clean
+.PHONY: help run test lint test-rust test-python python fuzz-smoke bench bench-python setup-rust setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,7 +23,7 @@ help: ## list targets
 run: ## replay an example scenario and print its trace
 	$(CARGO) run -q -p cacher-core --example replay -- scenarios/watch_too_old_rv_gets_410.json
 
-test: lint test-rust fuzz-smoke ## formatting, lints, every test, a short fuzz run
+test: lint test-rust test-python fuzz-smoke ## formatting, lints, every test, a short fuzz run
 	@echo "make test: all passed"
 
 lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency rule
@@ -42,11 +44,32 @@ fuzz-smoke: setup-fuzz ## run each fuzz target for $(FUZZ_SECONDS)s (nightly + c
 	    || { echo "fuzz target $$t failed: see fuzz/artifacts/ (commit the crasher under cacher-core/tests/fuzz_regressions/$$t/)" >&2; exit 1; }; \
 	done
 
+python: setup-python ## build the Python extension (abi3 wheel) and install it into .venv
+	PATH="$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ROOT)/target $(VENV)/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./bindings-python
+
+test-python: python ## pytest: scenarios, API, errors, hypothesis, stubs, doctests, the notebooks
+	cd bindings-python && $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+
+bench-python: python ## replay of a 100 000-event scenario, Python vs Rust (figures in BENCHMARKS.md)
+	$(CARGO) build -q --release -p cacher-core --example replay_bench
+	$(VENV)/bin/python bindings-python/bench/replay_bench.py $(ROOT)/target/release/examples/replay_bench
+
 bench: setup-rust ## criterion benchmarks of the core (figures in BENCHMARKS.md)
 	$(CARGO) bench -p cacher-core --bench core
 
 setup-rust:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
+
+setup-python: $(VENV)/.installed
+
+$(VENV)/.installed: bindings-python/requirements-dev.txt
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; install Python 3.9+" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python venv module missing: installing Debian's python3-venv" >&2; \
+	  apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -r bindings-python/requirements-dev.txt
+	touch $@
 
 setup-fuzz: setup-rust
 	@rustup toolchain list | grep -q '^$(NIGHTLY)' || rustup toolchain install $(NIGHTLY) --profile minimal

@@ -1,0 +1,1572 @@
+//! `watchcache._core`: the watch cache core for Python.
+//!
+//! A thin layer over `cacher-core`: argument conversion (with `TypeError`s that name the
+//! argument), the error mapping to the exception classes of `watchcache._errors`, and output
+//! objects. All behaviour lives in the core; nothing here decides anything.
+
+use cacher_core::replay::{self as core_replay, Record, ScenarioError};
+use cacher_core::{
+    Attrs, Cacher as CoreCacher, Change, CloseCause, Config, ConsumeMode, GetRequest, Key,
+    KeyRange, ListRequest, Object, Output, ReadOutcome, RequestId, RvMatch, RvParam, Selector,
+    SlowPolicy, Status, StorageError, Timestamp, WatchEvent, WatchRequest,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::{intern, IntoPyObjectExt};
+
+// ----- errors ------------------------------------------------------------------------------------
+
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let m = ERRORS.get_or_try_init(py, || py.import("watchcache._errors").map(Bound::unbind))?;
+    m.bind(py).getattr(name)
+}
+
+/// The exception for a client-facing status (400 → InvalidRequest, 410 → ResourceExpired, ...).
+fn status_error(py: Python<'_>, status: &Status) -> PyErr {
+    let class = match status.code() {
+        400 => "InvalidRequest",
+        404 => "NotFound",
+        410 => "ResourceExpired",
+        504 => "TooLargeResourceVersion",
+        429 | 503 => "NotReady",
+        _ => "WatchCacheError",
+    };
+    make_error(
+        py,
+        class,
+        status.code(),
+        status.reason.as_str(),
+        &status.message,
+        status.retry_after_s,
+    )
+}
+
+fn make_error(
+    py: Python<'_>,
+    class: &str,
+    code: u16,
+    reason: &str,
+    message: &str,
+    retry_after_s: Option<u32>,
+) -> PyErr {
+    match error_class(py, class).and_then(|c| c.call1((code, reason, message, retry_after_s))) {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(e) => e,
+    }
+}
+
+fn scenario_error(py: Python<'_>, e: &ScenarioError) -> PyErr {
+    make_error(py, "ScenarioError", 400, "BadRequest", &e.to_string(), None)
+}
+
+fn storage_error(py: Python<'_>, e: &StorageError) -> PyErr {
+    make_error(py, "StorageInputError", 400, "BadRequest", &e.to_string(), None)
+}
+
+fn config_error(py: Python<'_>, e: &ScenarioError) -> PyErr {
+    let msg = e.to_string();
+    let msg = msg.strip_prefix("config.").unwrap_or(&msg);
+    make_error(py, "ConfigError", 400, "BadRequest", msg, None)
+}
+
+// ----- conversions in ------------------------------------------------------------------------------
+
+fn type_error(arg: &str, want: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    let ty = got.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    PyTypeError::new_err(format!("{arg}: expected {want}, got {ty}"))
+}
+
+fn bytes_of(arg: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(s.to_cow()?.as_bytes().to_vec());
+    }
+    if let Ok(b) = v.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    Err(type_error(arg, "str or bytes", v))
+}
+
+fn string_map(arg: &str, v: Option<Bound<'_, PyAny>>) -> PyResult<Vec<(String, String)>> {
+    let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(Vec::new()) };
+    let d = v.cast::<PyDict>().map_err(|_| type_error(arg, "a dict of str to str", &v))?;
+    let mut out = Vec::with_capacity(d.len());
+    for (k, val) in d.iter() {
+        let k: String = k.extract().map_err(|_| type_error(arg, "str keys", &k))?;
+        let val: String =
+            val.extract().map_err(|_| type_error(&format!("{arg}[{k:?}]"), "str", &val))?;
+        out.push((k, val));
+    }
+    Ok(out)
+}
+
+/// An object from a dict `{"key", "value", "rv", "labels", "fields"}`.
+fn object_of(arg: &str, v: &Bound<'_, PyAny>, default_rv: u64) -> PyResult<Object> {
+    let d = v
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "a dict with key, value, rv, labels, fields", v))?;
+    for k in d.keys() {
+        let name: String = k.extract().unwrap_or_default();
+        if !matches!(name.as_str(), "key" | "value" | "rv" | "labels" | "fields") {
+            return Err(PyValueError::new_err(format!(
+                "{arg}: unknown field {name:?}; expected key, value, rv, labels, fields"
+            )));
+        }
+    }
+    let key = match d.get_item("key")? {
+        Some(k) => bytes_of(&format!("{arg}['key']"), &k)?,
+        None => return Err(PyValueError::new_err(format!("{arg}: 'key' is required"))),
+    };
+    if key.is_empty() {
+        return Err(PyValueError::new_err(format!("{arg}: 'key' must not be empty")));
+    }
+    let value = match d.get_item("value")? {
+        Some(v) if !v.is_none() => Some(bytes_of(&format!("{arg}['value']"), &v)?),
+        _ => None,
+    };
+    let rv = match d.get_item("rv")? {
+        Some(r) if !r.is_none() => r
+            .extract::<u64>()
+            .map_err(|_| type_error(&format!("{arg}['rv']"), "a non-negative int", &r))?,
+        _ => default_rv,
+    };
+    let labels = string_map(&format!("{arg}['labels']"), d.get_item("labels")?)?;
+    let fields = string_map(&format!("{arg}['fields']"), d.get_item("fields")?)?;
+    Ok(Object::new(&key, value.as_deref(), rv).with_attrs(Attrs::new(labels, fields)))
+}
+
+fn rv_param(py: Python<'_>, rv: &Bound<'_, PyAny>) -> PyResult<RvParam> {
+    let s = if rv.is_none() {
+        String::new()
+    } else if let Ok(s) = rv.cast::<PyString>() {
+        s.to_cow()?.into_owned()
+    } else if let Ok(n) = rv.extract::<u64>() {
+        n.to_string()
+    } else {
+        return Err(type_error("rv", "str or non-negative int", rv));
+    };
+    RvParam::parse(&s).map_err(|st| status_error(py, &st))
+}
+
+fn selector(py: Python<'_>, labels: &str, fields: &str) -> PyResult<Selector> {
+    Selector::parse(labels, fields).map_err(|st| status_error(py, &st))
+}
+
+fn py_opt(v: Option<u64>) -> String {
+    v.map_or_else(|| String::from("None"), |v| v.to_string())
+}
+
+fn now(ms: u64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
+
+// ----- conversions out ---------------------------------------------------------------------------
+
+fn text<'py>(py: Python<'py>, b: Option<&[u8]>) -> PyResult<Bound<'py, PyAny>> {
+    match b {
+        None => Ok(py.None().into_bound(py)),
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => Ok(PyString::new(py, s).into_any()),
+            Err(_) => Ok(PyBytes::new(py, b).into_any()),
+        },
+    }
+}
+
+/// A trace record as a dict, fields in trace order; absent fields are left out.
+fn record_dict<'py>(py: Python<'py>, r: &Record) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item(intern!(py, "at"), r.at)?;
+    if let Some(id) = &r.id {
+        d.set_item(intern!(py, "id"), id)?;
+    }
+    d.set_item(intern!(py, "type"), r.kind)?;
+    if let Some(v) = r.source {
+        d.set_item(intern!(py, "source"), v)?;
+    }
+    if let Some(v) = &r.key {
+        d.set_item(intern!(py, "key"), v)?;
+    }
+    if let Some(v) = r.rv {
+        d.set_item(intern!(py, "rv"), v)?;
+    }
+    if let Some(v) = &r.value {
+        d.set_item(intern!(py, "value"), v)?;
+    }
+    if let Some(a) = &r.annotations {
+        d.set_item(intern!(py, "annotations"), a)?;
+    }
+    if let Some(v) = r.cause {
+        d.set_item(intern!(py, "cause"), v)?;
+    }
+    if let Some(v) = r.code {
+        d.set_item(intern!(py, "code"), v)?;
+    }
+    if let Some(v) = &r.reason {
+        d.set_item(intern!(py, "reason"), v)?;
+    }
+    if let Some(v) = &r.message {
+        d.set_item(intern!(py, "message"), v)?;
+    }
+    if let Some(v) = r.retry_after_s {
+        d.set_item(intern!(py, "retry_after_s"), v)?;
+    }
+    if let Some(items) = &r.items {
+        let list = PyList::empty(py);
+        for it in items {
+            let i = PyDict::new(py);
+            i.set_item(intern!(py, "key"), &it.key)?;
+            i.set_item(intern!(py, "rv"), it.rv)?;
+            i.set_item(intern!(py, "value"), &it.value)?;
+            list.append(i)?;
+        }
+        d.set_item(intern!(py, "items"), list)?;
+    }
+    if let Some(v) = &r.continue_token {
+        d.set_item(intern!(py, "continue"), v)?;
+    }
+    if let Some(v) = r.remaining {
+        d.set_item(intern!(py, "remaining"), v)?;
+    }
+    Ok(d)
+}
+
+fn trace_list<'py>(py: Python<'py>, trace: &[Record]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for r in trace {
+        list.append(record_dict(py, r)?)?;
+    }
+    Ok(list)
+}
+
+/// A Python value (dicts, lists, str, int, float, bool, None) as JSON, without an
+/// intermediate representation. Nesting is bounded so no input can exhaust the stack.
+fn json_of(v: &Bound<'_, PyAny>, depth: usize) -> PyResult<serde_json::Value> {
+    use pyo3::types::{PyBool, PyFloat, PyInt};
+    use serde_json::Value;
+    if depth > 128 {
+        return Err(PyValueError::new_err("scenario nests deeper than 128 levels"));
+    }
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(Value::String(s.to_cow()?.into_owned()));
+    }
+    if let Ok(d) = v.cast::<PyDict>() {
+        let mut map = serde_json::Map::with_capacity(d.len());
+        for (k, val) in d.iter() {
+            let key = k
+                .cast::<PyString>()
+                .map_err(|_| type_error("scenario", "dicts with str keys", &k))?
+                .to_cow()?
+                .into_owned();
+            map.insert(key, json_of(&val, depth + 1)?);
+        }
+        return Ok(Value::Object(map));
+    }
+    if v.cast::<PyBool>().is_ok() {
+        return Ok(Value::Bool(v.extract()?));
+    }
+    if v.cast::<PyInt>().is_ok() {
+        if let Ok(n) = v.extract::<u64>() {
+            return Ok(Value::from(n));
+        }
+        if let Ok(n) = v.extract::<i64>() {
+            return Ok(Value::from(n));
+        }
+        return Err(PyValueError::new_err(format!("integer {v} is out of range")));
+    }
+    if let Ok(f) = v.cast::<PyFloat>() {
+        return serde_json::Number::from_f64(f.value())
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err("NaN and infinity are not JSON"));
+    }
+    if let Ok(l) = v.cast::<PyList>() {
+        return l
+            .iter()
+            .map(|x| json_of(&x, depth + 1))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Array);
+    }
+    if let Ok(t) = v.cast::<PyTuple>() {
+        return t
+            .iter()
+            .map(|x| json_of(&x, depth + 1))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Array);
+    }
+    Err(type_error("scenario", "JSON-like values (dict, list, str, int, float, bool, None)", v))
+}
+
+fn scenario_value(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    json_of(v, 0).map_err(|e| {
+        if e.is_instance_of::<PyTypeError>(py) {
+            e
+        } else {
+            make_error(py, "ScenarioError", 400, "BadRequest", &e.value(py).to_string(), None)
+        }
+    })
+}
+
+// ----- replay --------------------------------------------------------------------------------------
+
+/// Replays a scenario (a dict, or its JSON text) and returns its trace as a list of dicts,
+/// the same records as the Rust replayer's, in the same order.
+#[pyfunction]
+fn replay<'py>(py: Python<'py>, scenario: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let trace = if let Ok(s) = scenario.cast::<PyString>() {
+        let text = s.to_cow()?.into_owned();
+        py.detach(|| core_replay::replay_str(&text)).map_err(|e| scenario_error(py, &e))?
+    } else if scenario.cast::<PyDict>().is_ok() {
+        let value = scenario_value(py, scenario)?;
+        py.detach(|| core_replay::replay(&value)).map_err(|e| scenario_error(py, &e))?
+    } else {
+        return Err(type_error("scenario", "a dict or a JSON string", scenario));
+    };
+    trace_list(py, &trace)
+}
+
+/// Replays a scenario and returns the trace as JSON text, byte for byte what
+/// `watchcache replay FILE` prints (the golden-file format).
+#[pyfunction]
+fn replay_json(py: Python<'_>, scenario: &Bound<'_, PyAny>) -> PyResult<String> {
+    let trace = if let Ok(s) = scenario.cast::<PyString>() {
+        let text = s.to_cow()?.into_owned();
+        py.detach(|| core_replay::replay_str(&text)).map_err(|e| scenario_error(py, &e))?
+    } else if scenario.cast::<PyDict>().is_ok() {
+        let value = scenario_value(py, scenario)?;
+        core_replay::replay(&value).map_err(|e| scenario_error(py, &e))?
+    } else {
+        return Err(type_error("scenario", "a dict or a JSON string", scenario));
+    };
+    Ok(core_replay::trace_to_json(&trace))
+}
+
+// ----- output objects ----------------------------------------------------------------------------
+
+/// A watch item as the client sees it: ADDED, MODIFIED, DELETED or BOOKMARK.
+#[pyclass(frozen, get_all, module = "watchcache")]
+struct WatchItem {
+    /// Milliseconds at which the core produced it.
+    at: u64,
+    /// The watch's id.
+    id: u64,
+    /// ADDED, MODIFIED, DELETED or BOOKMARK.
+    r#type: &'static str,
+    /// The object's key (None for BOOKMARK).
+    key: Option<Py<PyAny>>,
+    /// The resourceVersion the client sees.
+    rv: u64,
+    /// The object's value (for DELETED, the last stored value).
+    value: Option<Py<PyAny>>,
+    /// True on the initial-events-end bookmark.
+    initial_events_end: bool,
+}
+
+#[pymethods]
+impl WatchItem {
+    #[classattr]
+    fn __match_args__(
+    ) -> (&'static str, &'static str, &'static str, &'static str, &'static str, &'static str) {
+        ("at", "id", "type", "key", "rv", "value")
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("at", self.at)?;
+        d.set_item("id", self.id)?;
+        d.set_item("type", self.r#type)?;
+        if let Some(k) = &self.key {
+            d.set_item("key", k)?;
+        }
+        d.set_item("rv", self.rv)?;
+        if self.r#type != "BOOKMARK" {
+            d.set_item("value", &self.value)?;
+        }
+        if self.initial_events_end {
+            let a = PyDict::new(py);
+            a.set_item("k8s.io/initial-events-end", "true")?;
+            d.set_item("annotations", a)?;
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let key = match &self.key {
+            Some(k) => k.bind(py).repr().map(|r| r.to_string()).unwrap_or_default(),
+            None => String::from("None"),
+        };
+        format!(
+            "WatchItem(at={}, id={}, type='{}', key={key}, rv={})",
+            self.at, self.id, self.r#type, self.rv
+        )
+    }
+}
+
+/// Generates a simple frozen output class with `to_dict`, `__match_args__` and `__repr__`.
+macro_rules! output_class {
+    ($(#[$doc:meta])* $name:ident, $ty:literal, { $($(#[$fdoc:meta])* $field:ident : $fty:ty),* }) => {
+        $(#[$doc])*
+        #[pyclass(frozen, get_all, module = "watchcache")]
+        struct $name {
+            /// Milliseconds at which the core produced it.
+            at: u64,
+            $($(#[$fdoc])* $field: $fty),*
+        }
+
+        #[pymethods]
+        impl $name {
+            #[classattr]
+            fn __match_args__(py: Python<'_>) -> PyResult<Py<PyTuple>> {
+                PyTuple::new(py, ["at" $(, stringify!($field))*]).map(Bound::unbind)
+            }
+
+            /// The record as a dict (the trace's field names).
+            fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let d = PyDict::new(py);
+                d.set_item("at", self.at)?;
+                d.set_item("type", $ty)?;
+                $(d.set_item(stringify!($field), &self.$field)?;)*
+                Ok(d)
+            }
+
+            fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+                let _ = py;
+                let parts: Vec<String> = vec![format!("at={}", self.at) $(, format!("{}={}", stringify!($field), (&self.$field).into_bound_py_any(py)?.repr()?))*];
+                Ok(format!("{}({})", stringify!($name), parts.join(", ")))
+            }
+        }
+    };
+}
+
+output_class!(
+    /// A watch is registered; change events after `rv` follow.
+    WatchStarted, "STARTED", {
+    /// The watch's id.
+    id: u64,
+    /// Changes after this resourceVersion are delivered.
+    rv: u64,
+    /// Where its initial events come from: "store", "ring" or "none".
+    initial: &'static str
+});
+output_class!(
+    /// An ERROR item on an open watch; a WatchClosed follows.
+    WatchError, "ERROR", {
+    /// The watch's id.
+    id: u64,
+    /// HTTP-style code (410, 504, 500).
+    code: u16,
+    /// Status reason (Expired, Timeout, InternalError).
+    reason: &'static str,
+    /// Status message.
+    message: String
+});
+output_class!(
+    /// The end of a watch.
+    WatchClosed, "CLOSED", {
+    /// The watch's id.
+    id: u64,
+    /// unresponsive, stopped, reinitializing, timeout or error.
+    cause: &'static str,
+    /// The last resourceVersion the client was given.
+    last_rv: u64,
+    /// Detail, if any.
+    message: Option<String>
+});
+output_class!(
+    /// A watch the host must serve from storage.
+    WatchDelegated, "WATCH", {
+    /// The watch's id.
+    id: u64,
+    /// Why.
+    reason: &'static str
+});
+output_class!(
+    /// A request that failed (not started, or a list/get that failed).
+    Rejected, "REJECTED", {
+    /// The request's id.
+    id: u64,
+    /// HTTP-style code (400, 404, 410, 429, 503, 504).
+    code: u16,
+    /// Status reason.
+    reason: &'static str,
+    /// Status message.
+    message: String,
+    /// Retry-After, in seconds.
+    retry_after_s: Option<u32>
+});
+output_class!(
+    /// The core asks storage for a progress notification.
+    RequestProgress, "REQUEST_PROGRESS", {});
+output_class!(
+    /// The core asks storage for its current revision (answered automatically unless
+    /// `Cacher.auto_current_revision` is False).
+    NeedCurrentRevision, "NEED_CURRENT_RV", {
+    /// The waiting request's id.
+    id: u64
+});
+output_class!(
+    /// The core asks for a relist.
+    Relist, "RELIST", {
+    /// Why.
+    reason: String
+});
+
+#[pymethods]
+impl Rejected {
+    /// The typed exception for this rejection (InvalidRequest, NotFound, ResourceExpired,
+    /// TooLargeResourceVersion, NotReady, or WatchCacheError).
+    #[getter]
+    fn error(&self, py: Python<'_>) -> Py<PyAny> {
+        let st = Status {
+            reason: reason_of(self.reason),
+            message: self.message.clone(),
+            retry_after_s: self.retry_after_s,
+        };
+        status_error(py, &st).into_value(py).into_any()
+    }
+}
+
+#[pymethods]
+impl WatchError {
+    /// The typed exception for this error (ResourceExpired for 410, ...).
+    #[getter]
+    fn error(&self, py: Python<'_>) -> Py<PyAny> {
+        let st = Status {
+            reason: reason_of(self.reason),
+            message: self.message.clone(),
+            retry_after_s: None,
+        };
+        status_error(py, &st).into_value(py).into_any()
+    }
+}
+
+fn reason_of(s: &str) -> cacher_core::Reason {
+    use cacher_core::Reason::*;
+    match s {
+        "BadRequest" => BadRequest,
+        "NotFound" => NotFound,
+        "Expired" => Expired,
+        "Timeout" => Timeout,
+        "TooManyRequests" => TooManyRequests,
+        "ServiceUnavailable" => ServiceUnavailable,
+        _ => InternalError,
+    }
+}
+
+/// An object in a read result.
+#[pyclass(frozen, get_all, module = "watchcache")]
+struct Item {
+    /// Key.
+    key: Py<PyAny>,
+    /// Its own resourceVersion.
+    rv: u64,
+    /// Value.
+    value: Option<Py<PyAny>>,
+    /// Labels.
+    labels: Py<PyDict>,
+    /// Fields.
+    fields: Py<PyDict>,
+}
+
+#[pymethods]
+impl Item {
+    #[classattr]
+    fn __match_args__() -> (&'static str, &'static str, &'static str) {
+        ("key", "rv", "value")
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("key", &self.key)?;
+        d.set_item("rv", self.rv)?;
+        d.set_item("value", &self.value)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!("Item(key={}, rv={})", self.key.bind(py), self.rv)
+    }
+}
+
+/// A list or get result: served from the cache (with items) or sent to storage.
+#[pyclass(frozen, get_all, module = "watchcache")]
+struct ReadResult {
+    /// Milliseconds at which the core produced it.
+    at: u64,
+    /// The request's id.
+    id: u64,
+    /// "LIST" or "GET".
+    r#type: &'static str,
+    /// "cache" or "storage".
+    source: &'static str,
+    /// Why it is answered there.
+    reason: &'static str,
+    /// The resourceVersion of a cache result.
+    rv: Option<u64>,
+    /// The objects of a cache result.
+    items: Py<PyTuple>,
+    /// The continue token of a page.
+    continue_token: Option<String>,
+    /// remainingItemCount of a page.
+    remaining: Option<u64>,
+}
+
+#[pymethods]
+impl ReadResult {
+    #[classattr]
+    fn __match_args__(
+    ) -> (&'static str, &'static str, &'static str, &'static str, &'static str, &'static str) {
+        ("at", "id", "type", "source", "rv", "items")
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("at", self.at)?;
+        d.set_item("id", self.id)?;
+        d.set_item("type", self.r#type)?;
+        d.set_item("source", self.source)?;
+        d.set_item("reason", self.reason)?;
+        if self.source == "cache" {
+            d.set_item("rv", self.rv)?;
+            let items = PyList::empty(py);
+            for it in self.items.bind(py).iter() {
+                items.append(it.cast::<Item>()?.get().to_dict(py)?)?;
+            }
+            d.set_item("items", items)?;
+            if let Some(c) = &self.continue_token {
+                d.set_item("continue", c)?;
+            }
+            if let Some(r) = self.remaining {
+                d.set_item("remaining", r)?;
+            }
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ReadResult(at={}, id={}, type={}, source={}, rv={:?}, items={})",
+            self.at,
+            self.id,
+            self.r#type,
+            self.source,
+            self.rv,
+            self.items.bind(py).len()
+        )
+    }
+}
+
+fn item_of(py: Python<'_>, o: &Object) -> PyResult<Item> {
+    let labels = PyDict::new(py);
+    let fields = PyDict::new(py);
+    if let Some(a) = o.attrs() {
+        for (k, v) in a.labels() {
+            labels.set_item(k, v)?;
+        }
+        for (k, v) in a.fields() {
+            fields.set_item(k, v)?;
+        }
+    }
+    Ok(Item {
+        key: text(py, Some(o.key()))?.unbind(),
+        rv: o.rv(),
+        value: o.value().map(|v| text(py, Some(v))).transpose()?.map(Bound::unbind),
+        labels: labels.unbind(),
+        fields: fields.unbind(),
+    })
+}
+
+fn watch_item(py: Python<'_>, at: u64, id: RequestId, e: &WatchEvent) -> PyResult<WatchItem> {
+    let (key, value, end) = match e {
+        WatchEvent::Bookmark { initial_events_end, .. } => (None, None, *initial_events_end),
+        _ => {
+            let o = e.object();
+            (
+                o.map(|o| text(py, Some(o.key()))).transpose()?.map(Bound::unbind),
+                o.and_then(|o| o.value())
+                    .map(|v| text(py, Some(v)))
+                    .transpose()?
+                    .map(Bound::unbind),
+                false,
+            )
+        }
+    };
+    Ok(WatchItem {
+        at,
+        id: id.0,
+        r#type: e.type_str(),
+        key,
+        rv: e.rv(),
+        value,
+        initial_events_end: end,
+    })
+}
+
+fn read_result(
+    py: Python<'_>,
+    at: u64,
+    id: RequestId,
+    kind: &'static str,
+    outcome: &ReadOutcome,
+) -> PyResult<ReadResult> {
+    Ok(match outcome {
+        ReadOutcome::Storage { reason } => ReadResult {
+            at,
+            id: id.0,
+            r#type: kind,
+            source: "storage",
+            reason,
+            rv: None,
+            items: PyTuple::empty(py).unbind(),
+            continue_token: None,
+            remaining: None,
+        },
+        ReadOutcome::Cache(r) => {
+            let items: Vec<Py<Item>> =
+                r.items.iter().map(|o| Py::new(py, item_of(py, o)?)).collect::<PyResult<_>>()?;
+            ReadResult {
+                at,
+                id: id.0,
+                r#type: kind,
+                source: "cache",
+                reason: r.reason,
+                rv: Some(r.rv),
+                items: PyTuple::new(py, items)?.unbind(),
+                continue_token: r.continue_token.clone(),
+                remaining: r.remaining,
+            }
+        }
+    })
+}
+
+fn close_cause(c: CloseCause) -> &'static str {
+    c.as_str()
+}
+
+/// Appends the Python objects of one core output (a fan-out becomes one item per watcher).
+fn outputs_of(py: Python<'_>, at: u64, out: &Output, sink: &Bound<'_, PyList>) -> PyResult<()> {
+    match out {
+        Output::Fanout { event, targets } => {
+            for (id, kind) in targets.iter() {
+                let e = WatchEvent::Change(*kind, event.clone());
+                sink.append(watch_item(py, at, *id, &e)?)?;
+            }
+        }
+        Output::Deliver { watch, events } => {
+            for e in events {
+                sink.append(watch_item(py, at, *watch, e)?)?;
+            }
+        }
+        Output::WatchStarted { watch, rv, initial } => {
+            sink.append(WatchStarted { at, id: watch.0, rv: *rv, initial: initial.as_str() })?
+        }
+        Output::WatchError { watch, status } => sink.append(WatchError {
+            at,
+            id: watch.0,
+            code: status.code(),
+            reason: status.reason.as_str(),
+            message: status.message.clone(),
+        })?,
+        Output::WatchClosed { watch, cause, last_rv, message } => sink.append(WatchClosed {
+            at,
+            id: watch.0,
+            cause: close_cause(*cause),
+            last_rv: *last_rv,
+            message: message.clone(),
+        })?,
+        Output::WatchDelegated { watch, reason } => {
+            sink.append(WatchDelegated { at, id: watch.0, reason })?
+        }
+        Output::List { request, outcome } => {
+            sink.append(read_result(py, at, *request, "LIST", outcome)?)?
+        }
+        Output::Get { request, outcome } => {
+            sink.append(read_result(py, at, *request, "GET", outcome)?)?
+        }
+        Output::Rejected { request, status } => sink.append(Rejected {
+            at,
+            id: request.0,
+            code: status.code(),
+            reason: status.reason.as_str(),
+            message: status.message.clone(),
+            retry_after_s: status.retry_after_s,
+        })?,
+        Output::RequestProgress => sink.append(RequestProgress { at })?,
+        Output::NeedCurrentRevision { request } => {
+            sink.append(NeedCurrentRevision { at, id: request.0 })?
+        }
+        Output::Relist { reason } => sink.append(Relist { at, reason: reason.clone() })?,
+    }
+    Ok(())
+}
+
+// ----- the Cacher ----------------------------------------------------------------------------------
+
+/// The watch cache core, driven with explicit time (`now_ms`, milliseconds).
+///
+/// Keyword arguments are the core's config, as in a scenario's "config"
+/// (e.g. `profile="v1.34"`, `capacity=100`, `index_field="spec.nodeName"`).
+///
+/// >>> import watchcache
+/// >>> c = watchcache.Cacher(capacity=3, dynamic_capacity=False)
+/// >>> c.handle_replace(0, 9, [])
+/// >>> c.handle_put(10, {"key": "/pods/ns/a", "value": "v1", "rv": 10})
+/// >>> w = c.start_watch(20, "/pods/", rv="9")
+/// >>> [o.to_dict()["type"] for o in c.drain()]
+/// ['STARTED', 'ADDED']
+/// >>> c.window.oldest_rv, c.window.newest_rv, c.resource_version
+/// (10, 10, 10)
+#[pyclass(module = "watchcache", unsendable)]
+struct Cacher {
+    core: CoreCacher,
+    /// Outputs produced but not yet read, with the time they were produced at.
+    buffered: Vec<(u64, Output)>,
+    now_ms: u64,
+    etcd_rv: u64,
+    max_stored_rv: u64,
+    /// Answer NEED_CURRENT_RV with max(etcd_rv, every RV stored), as the replayer does.
+    #[pyo3(get, set)]
+    auto_current_revision: bool,
+}
+
+impl Cacher {
+    fn collect(&mut self, at: u64) {
+        while let Some(out) = self.core.poll_output() {
+            if let Output::NeedCurrentRevision { request } = &out {
+                if self.auto_current_revision {
+                    let request = *request;
+                    self.buffered.push((at, out));
+                    let answer = self.etcd_rv.max(self.max_stored_rv);
+                    self.core.handle_current_revision(now(at), request, answer);
+                    continue;
+                }
+            }
+            self.buffered.push((at, out));
+        }
+    }
+
+    fn step(&mut self, now_ms: u64) -> PyResult<()> {
+        if now_ms < self.now_ms {
+            return Err(PyValueError::new_err(format!(
+                "now_ms: time goes back ({now_ms} after {}); the core's clock is monotonic",
+                self.now_ms
+            )));
+        }
+        // Timers due before this call fire first, at their own deadlines.
+        self.fire_timers(now_ms);
+        self.now_ms = now_ms;
+        Ok(())
+    }
+
+    fn fire_timers(&mut self, until: u64) {
+        while let Some((t, _)) = self.core.poll_timeout() {
+            if t.as_millis() > until {
+                break;
+            }
+            self.core.handle_timeout(t);
+            self.collect(t.as_millis());
+        }
+    }
+
+    fn stored(&mut self, rv: u64) {
+        self.max_stored_rv = self.max_stored_rv.max(rv);
+    }
+}
+
+#[pymethods]
+impl Cacher {
+    #[new]
+    #[pyo3(signature = (**config))]
+    fn new(py: Python<'_>, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let cfg = match config {
+            None => Config::default(),
+            Some(d) => {
+                let value = json_of(d.as_any(), 0)?;
+                core_replay::parse_config(&value, "config").map_err(|e| config_error(py, &e))?
+            }
+        };
+        let core = CoreCacher::new(cfg, now(0)).map_err(|e| {
+            make_error(
+                py,
+                "ConfigError",
+                400,
+                "BadRequest",
+                &format!("{}: {}", e.field, e.message),
+                None,
+            )
+        })?;
+        Ok(Cacher {
+            core,
+            buffered: Vec::new(),
+            now_ms: 0,
+            etcd_rv: 0,
+            max_stored_rv: 0,
+            auto_current_revision: true,
+        })
+    }
+
+    // --- storage inputs
+
+    /// A (re)list completed at `rv` with `objects` (dicts: key, value, rv, labels, fields).
+    fn handle_replace(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        rv: u64,
+        objects: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let list = objects
+            .cast::<PyList>()
+            .map_err(|_| type_error("objects", "a list of dicts", objects))?;
+        let objs = list
+            .iter()
+            .enumerate()
+            .map(|(i, o)| object_of(&format!("objects[{i}]"), &o, rv))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.step(now_ms)?;
+        self.core.handle_replace(now(now_ms), rv, objs).map_err(|e| storage_error(py, &e))?;
+        self.stored(rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// A storage put (create or update). `object["rv"]` is the event's resourceVersion.
+    fn handle_put(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        object: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let o = object_of("object", object, 0)?;
+        if o.rv() == 0 {
+            return Err(PyValueError::new_err(
+                "object: 'rv' (the event's resourceVersion) is required",
+            ));
+        }
+        let rv = o.rv();
+        self.step(now_ms)?;
+        self.core.handle_put(now(now_ms), o).map_err(|e| storage_error(py, &e))?;
+        self.stored(rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// A storage delete of `key` at `rv`.
+    fn handle_delete(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        key: &Bound<'_, PyAny>,
+        rv: u64,
+    ) -> PyResult<()> {
+        let key = bytes_of("key", key)?;
+        self.step(now_ms)?;
+        self.core.handle_delete(now(now_ms), &key, rv).map_err(|e| storage_error(py, &e))?;
+        self.stored(rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// Every change of one revision at once: `changes` is a list of `("put", object)` and
+    /// `("delete", key)`.
+    fn handle_txn(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        rv: u64,
+        changes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let list = changes
+            .cast::<PyList>()
+            .map_err(|_| type_error("changes", "a list of (op, arg) tuples", changes))?;
+        let mut out = Vec::with_capacity(list.len());
+        for (i, c) in list.iter().enumerate() {
+            let (op, arg): (String, Bound<'_, PyAny>) = c.extract().map_err(|_| {
+                type_error(&format!("changes[{i}]"), "a (\"put\" | \"delete\", value) tuple", &c)
+            })?;
+            out.push(match op.as_str() {
+                "put" => Change::Put(object_of(&format!("changes[{i}][1]"), &arg, rv)?),
+                "delete" => Change::Delete(Key::new(&bytes_of(&format!("changes[{i}][1]"), &arg)?)),
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "changes[{i}]: unknown op {other:?}; expected \"put\" or \"delete\""
+                    )))
+                }
+            });
+        }
+        self.step(now_ms)?;
+        self.core.handle_revision(now(now_ms), rv, out).map_err(|e| storage_error(py, &e))?;
+        self.stored(rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// A storage progress notify at `rv`.
+    fn handle_progress(&mut self, py: Python<'_>, now_ms: u64, rv: u64) -> PyResult<()> {
+        self.step(now_ms)?;
+        self.core.handle_progress(now(now_ms), rv).map_err(|e| storage_error(py, &e))?;
+        self.stored(rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// The upstream watch broke: the cache must relist.
+    #[pyo3(signature = (now_ms, reason = "watch failed"))]
+    fn handle_storage_error(&mut self, now_ms: u64, reason: &str) -> PyResult<()> {
+        self.step(now_ms)?;
+        self.core.handle_storage_error(now(now_ms), reason);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// Storage's current revision for a NEED_CURRENT_RV (when auto_current_revision is off).
+    fn handle_current_revision(&mut self, now_ms: u64, request_id: u64, rv: u64) -> PyResult<()> {
+        self.step(now_ms)?;
+        self.core.handle_current_revision(now(now_ms), RequestId(request_id), rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// Storage compacted its history at `rv`.
+    fn handle_compaction(&mut self, now_ms: u64, rv: u64) -> PyResult<()> {
+        self.step(now_ms)?;
+        self.core.handle_compaction(now(now_ms), rv);
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    /// Sets storage's current revision, used to answer NEED_CURRENT_RV automatically.
+    fn set_etcd_rv(&mut self, rv: u64) {
+        self.etcd_rv = rv;
+    }
+
+    /// Stops the cacher for good.
+    fn stop(&mut self, now_ms: u64) -> PyResult<()> {
+        self.step(now_ms)?;
+        self.core.stop(now(now_ms));
+        self.collect(now_ms);
+        Ok(())
+    }
+
+    // --- client commands
+
+    /// Starts a watch; returns its id. Bad options raise InvalidRequest.
+    #[pyo3(signature = (now_ms, key, *, recursive = true, range_end = None, rv = None,
+        send_initial_events = None, allow_bookmarks = false, label_selector = "",
+        field_selector = "", timeout_ms = None, consume = "auto", slow_policy = "terminate",
+        queue_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn start_watch(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        key: &Bound<'_, PyAny>,
+        recursive: bool,
+        range_end: Option<&Bound<'_, PyAny>>,
+        rv: Option<&Bound<'_, PyAny>>,
+        send_initial_events: Option<bool>,
+        allow_bookmarks: bool,
+        label_selector: &str,
+        field_selector: &str,
+        timeout_ms: Option<u64>,
+        consume: &str,
+        slow_policy: &str,
+        queue_capacity: Option<usize>,
+    ) -> PyResult<u64> {
+        let key = bytes_of("key", key)?;
+        let range = match range_end {
+            Some(end) if !end.is_none() => KeyRange::etcd(&key, &bytes_of("range_end", end)?),
+            _ => {
+                let k = String::from_utf8(key).map_err(|_| {
+                    PyValueError::new_err(
+                        "key: a Kubernetes key must be UTF-8 (use range_end for byte ranges)",
+                    )
+                })?;
+                KeyRange::kubernetes(&k, recursive)
+            }
+        }
+        .map_err(|st| status_error(py, &st))?;
+        let rv = match rv {
+            Some(r) => rv_param(py, r)?,
+            None => RvParam::Unset,
+        };
+        let mut req = WatchRequest::new(range, rv);
+        req.send_initial_events = send_initial_events;
+        req.allow_bookmarks = allow_bookmarks;
+        req.selector = selector(py, label_selector, field_selector)?;
+        req.timeout_ms = timeout_ms;
+        req.consume = match consume {
+            "auto" => ConsumeMode::Auto,
+            "manual" => ConsumeMode::Manual,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "consume: expected \"auto\" or \"manual\", got {other:?}"
+                )))
+            }
+        };
+        req.slow_policy = match slow_policy {
+            "terminate" => SlowPolicy::Terminate,
+            "lag" => SlowPolicy::Lag,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "slow_policy: expected \"terminate\" or \"lag\", got {other:?}"
+                )))
+            }
+        };
+        req.queue_capacity = queue_capacity;
+        self.step(now_ms)?;
+        let id = self.core.start_watch(now(now_ms), req).map_err(|st| status_error(py, &st))?;
+        self.collect(now_ms);
+        Ok(id.0)
+    }
+
+    /// The client of a watch goes away. Returns False if it was not open.
+    fn stop_watch(&mut self, now_ms: u64, id: u64) -> PyResult<bool> {
+        self.step(now_ms)?;
+        let r = self.core.stop_watch(now(now_ms), RequestId(id));
+        self.collect(now_ms);
+        Ok(r)
+    }
+
+    /// A manual watcher's client reads up to `max` queued events (None = all).
+    #[pyo3(signature = (now_ms, id, max = None))]
+    fn consume(&mut self, now_ms: u64, id: u64, max: Option<u64>) -> PyResult<usize> {
+        self.step(now_ms)?;
+        let n = self.core.consume(now(now_ms), RequestId(id), max);
+        self.collect(now_ms);
+        Ok(n)
+    }
+
+    /// Gives a manual watcher credit for `n` more events.
+    fn grant_credit(&mut self, now_ms: u64, id: u64, n: u64) -> PyResult<usize> {
+        self.step(now_ms)?;
+        let d = self.core.grant_credit(now(now_ms), RequestId(id), n);
+        self.collect(now_ms);
+        Ok(d)
+    }
+
+    /// Starts a list; returns its id (the result is an output).
+    #[pyo3(signature = (now_ms, key, *, recursive = true, rv = None, rv_match = None, limit = 0,
+        continue_token = None, label_selector = "", field_selector = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn list(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        key: &str,
+        recursive: bool,
+        rv: Option<&Bound<'_, PyAny>>,
+        rv_match: Option<&str>,
+        limit: u64,
+        continue_token: Option<String>,
+        label_selector: &str,
+        field_selector: &str,
+    ) -> PyResult<u64> {
+        let range = KeyRange::kubernetes(key, recursive).map_err(|st| status_error(py, &st))?;
+        let rv = match rv {
+            Some(r) => rv_param(py, r)?,
+            None => RvParam::Unset,
+        };
+        let mut req = ListRequest::new(range, rv);
+        req.rv_match =
+            RvMatch::parse(rv_match.unwrap_or("")).map_err(|st| status_error(py, &st))?;
+        req.limit = limit;
+        req.continue_token = continue_token;
+        req.selector = selector(py, label_selector, field_selector)?;
+        self.step(now_ms)?;
+        let id = self.core.list(now(now_ms), req).map_err(|st| status_error(py, &st))?;
+        self.collect(now_ms);
+        Ok(id.0)
+    }
+
+    /// Starts a get of one key; returns its id.
+    #[pyo3(signature = (now_ms, key, *, rv = None))]
+    fn get(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        key: &Bound<'_, PyAny>,
+        rv: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let key = Key::new(&bytes_of("key", key)?);
+        let rv = match rv {
+            Some(r) => rv_param(py, r)?,
+            None => RvParam::Unset,
+        };
+        self.step(now_ms)?;
+        let id = self
+            .core
+            .get(now(now_ms), GetRequest { key, rv })
+            .map_err(|st| status_error(py, &st))?;
+        self.collect(now_ms);
+        Ok(id.0)
+    }
+
+    // --- polls
+
+    /// Moves time to `now_ms`, firing every timer due by then at its own deadline.
+    fn advance(&mut self, now_ms: u64) -> PyResult<()> {
+        self.step(now_ms)
+    }
+
+    /// The next output, or None.
+    fn poll_output(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if self.buffered.is_empty() {
+            return Ok(None);
+        }
+        let (at, out) = self.buffered.remove(0);
+        let list = PyList::empty(py);
+        outputs_of(py, at, &out, &list)?;
+        // A fan-out expands to several items: keep the rest for the next polls.
+        if list.len() == 1 {
+            return Ok(Some(list.get_item(0)?.unbind()));
+        }
+        let first = list.get_item(0)?.unbind();
+        if let Output::Fanout { event, targets } = out {
+            if targets.len() > 1 {
+                self.buffered
+                    .insert(0, (at, Output::Fanout { event, targets: targets[1..].into() }));
+            }
+        }
+        Ok(Some(first))
+    }
+
+    /// Every output produced so far, in order (fan-outs as one item per watcher).
+    fn drain<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for (at, out) in std::mem::take(&mut self.buffered) {
+            outputs_of(py, at, &out, &list)?;
+        }
+        Ok(list)
+    }
+
+    /// The next deadline as (ms, reason), or None.
+    fn poll_timeout(&self) -> Option<(u64, &'static str)> {
+        self.core.poll_timeout().map(|(t, r)| (t.as_millis(), r.as_str()))
+    }
+
+    // --- getters
+
+    /// Current time (the last now_ms given).
+    #[getter]
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// The cache's resourceVersion.
+    #[getter]
+    fn resource_version(&self) -> u64 {
+        self.core.resource_version()
+    }
+
+    /// The RV of the last list.
+    #[getter]
+    fn list_resource_version(&self) -> u64 {
+        self.core.list_resource_version()
+    }
+
+    /// "pending", "ready" or "stopped".
+    #[getter]
+    fn ready_state(&self) -> &'static str {
+        self.core.ready_state().as_str()
+    }
+
+    /// Objects in the store.
+    #[getter]
+    fn store_len(&self) -> usize {
+        self.core.store_len()
+    }
+
+    /// The ring buffer's window.
+    #[getter]
+    fn window(&self) -> Window {
+        let w = self.core.window();
+        Window {
+            oldest_rv: w.oldest_rv,
+            newest_rv: w.newest_rv,
+            oldest_servable: w.oldest_servable,
+            len: w.len,
+            capacity: w.capacity,
+            start_index: w.start_index,
+            end_index: w.end_index,
+            evicted_since_relist: w.evicted_since_relist,
+        }
+    }
+
+    /// The buffered events, oldest first, as (rv, key, is_delete).
+    fn window_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for (rv, key, del) in self.core.window_events() {
+            list.append((rv, text(py, Some(key))?, del))?;
+        }
+        Ok(list)
+    }
+
+    /// The stored objects, in key order.
+    fn objects<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for o in self.core.objects() {
+            list.append(item_of(py, &o)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Open watches.
+    fn watchers(&self) -> Vec<WatcherInfo> {
+        self.core.watchers().into_iter().map(WatcherInfo::from).collect()
+    }
+
+    /// One open watch, or None.
+    fn watcher(&self, id: u64) -> Option<WatcherInfo> {
+        self.core.watcher(RequestId(id)).map(WatcherInfo::from)
+    }
+
+    /// The metrics, as a dict named after Kubernetes' watch-cache metrics.
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.core.metrics();
+        let d = PyDict::new(py);
+        d.set_item("events_received", m.events_received)?;
+        d.set_item("events_dispatched", m.events_dispatched)?;
+        d.set_item("init_events", m.init_events)?;
+        d.set_item("terminated_watchers", m.terminated_watchers)?;
+        d.set_item("capacity_increases", m.capacity_increases)?;
+        d.set_item("capacity_decreases", m.capacity_decreases)?;
+        d.set_item("initializations", m.initializations)?;
+        d.set_item("cache_lists", m.cache_lists.clone())?;
+        d.set_item("cache_list_fetched", m.cache_list_fetched.clone())?;
+        d.set_item("cache_list_returned", m.cache_list_returned)?;
+        d.set_item("read_wait_buckets_ms", cacher_core::READ_WAIT_BUCKETS_MS.to_vec())?;
+        d.set_item("read_wait_counts", m.read_wait_buckets.to_vec())?;
+        d.set_item("read_wait_sum_ms", m.read_wait_sum_ms)?;
+        d.set_item("consistent_reads_ok", m.consistent_reads_ok)?;
+        d.set_item("consistent_reads_fallback", m.consistent_reads_fallback)?;
+        d.set_item("lists_delegated", m.lists_delegated)?;
+        d.set_item("gets_delegated", m.gets_delegated)?;
+        d.set_item("watches_delegated", m.watches_delegated)?;
+        d.set_item("watches_started", m.watches_started)?;
+        d.set_item("progress_requests", m.progress_requests)?;
+        d.set_item("deliveries", m.deliveries)?;
+        d.set_item("bookmarks_sent", m.bookmarks_sent)?;
+        d.set_item("watch_expired", m.watch_expired)?;
+        Ok(d)
+    }
+
+    /// The configuration, as a dict of scenario config fields.
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.core.config();
+        let d = PyDict::new(py);
+        d.set_item("profile", c.profile.as_str())?;
+        d.set_item("capacity", c.capacity)?;
+        d.set_item("lower_bound_capacity", c.lower_bound_capacity)?;
+        d.set_item("upper_bound_capacity", c.upper_bound_capacity)?;
+        d.set_item("dynamic_capacity", c.dynamic_capacity)?;
+        d.set_item("event_fresh_ms", c.event_fresh_ms)?;
+        d.set_item("bookmark_frequency_ms", c.bookmark_frequency_ms)?;
+        d.set_item("dispatch_tick_ms", c.dispatch_tick_ms)?;
+        d.set_item("dispatch_tick_jitter", c.dispatch_tick_jitter)?;
+        d.set_item("freshness_timeout_ms", c.freshness_timeout_ms)?;
+        d.set_item("progress_request_interval_ms", c.progress_request_interval_ms)?;
+        d.set_item("budget_refill_ms_per_s", c.budget_refill_ms_per_s)?;
+        d.set_item("budget_max_ms", c.budget_max_ms)?;
+        d.set_item("watch_chan_size", c.watch_chan_size)?;
+        d.set_item("index_field", c.index_field.as_deref())?;
+        d.set_item("interval_buffer_size", c.interval_buffer_size)?;
+        d.set_item("request_timeout_ms", c.request_timeout_ms)?;
+        d.set_item("seed", c.seed)?;
+        d.set_item("watch_list", c.watch_list)?;
+        d.set_item("consistent_list_from_cache", c.consistent_list_from_cache)?;
+        d.set_item("resilient_initialization", c.resilient_initialization)?;
+        d.set_item("list_from_cache_snapshot", c.list_from_cache_snapshot)?;
+        d.set_item("watch_from_storage_without_rv", c.watch_from_storage_without_rv)?;
+        d.set_item("storage_supports_progress", c.storage_supports_progress)?;
+        Ok(d)
+    }
+
+    /// Dispatch time budget available now, in ms.
+    #[getter]
+    fn budget_ms(&self) -> u64 {
+        self.core.budget_available_ms()
+    }
+
+    /// Requests parked (waiting for the gate, storage's revision, or freshness).
+    #[getter]
+    fn parked(&self) -> usize {
+        self.core.parked_count()
+    }
+
+    fn __repr__(&self) -> String {
+        let w = self.core.window();
+        format!(
+            "Cacher(profile={}, state={}, rv={}, store={}, window={}..{} ({}/{}), watchers={})",
+            self.core.config().profile.as_str(),
+            self.core.ready_state().as_str(),
+            self.core.resource_version(),
+            self.core.store_len(),
+            py_opt(w.oldest_rv),
+            py_opt(w.newest_rv),
+            w.len,
+            w.capacity,
+            self.core.watcher_count()
+        )
+    }
+}
+
+/// The ring buffer's window.
+#[pyclass(frozen, get_all, module = "watchcache")]
+struct Window {
+    /// RV of the oldest buffered event.
+    oldest_rv: Option<u64>,
+    /// RV of the newest buffered event.
+    newest_rv: Option<u64>,
+    /// The oldest RV a watch can start after (a watch from X needs X >= oldest_servable - 1).
+    oldest_servable: Option<u64>,
+    /// Buffered events.
+    len: usize,
+    /// Capacity.
+    capacity: usize,
+    /// Monotonic index of the oldest event.
+    start_index: u64,
+    /// Monotonic index after the newest event.
+    end_index: u64,
+    /// An event was evicted since the last relist.
+    evicted_since_relist: bool,
+}
+
+#[pymethods]
+impl Window {
+    #[classattr]
+    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
+        ("oldest_rv", "newest_rv", "len", "capacity")
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("oldest_rv", self.oldest_rv)?;
+        d.set_item("newest_rv", self.newest_rv)?;
+        d.set_item("oldest_servable", self.oldest_servable)?;
+        d.set_item("len", self.len)?;
+        d.set_item("capacity", self.capacity)?;
+        d.set_item("start_index", self.start_index)?;
+        d.set_item("end_index", self.end_index)?;
+        d.set_item("evicted_since_relist", self.evicted_since_relist)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Window(oldest_rv={}, newest_rv={}, len={}, capacity={})",
+            py_opt(self.oldest_rv),
+            py_opt(self.newest_rv),
+            self.len,
+            self.capacity
+        )
+    }
+}
+
+/// An open watch as the cache sees it.
+#[pyclass(frozen, get_all, module = "watchcache")]
+struct WatcherInfo {
+    /// Its id.
+    id: u64,
+    /// The key or range it watches.
+    key: String,
+    /// Its resourceVersion after the initial events.
+    rv: u64,
+    /// The last RV its client was given.
+    last_sent_rv: u64,
+    /// Events waiting in its queue.
+    queued: usize,
+    /// Queue capacity.
+    queue_capacity: usize,
+    /// Initial events not yet read.
+    initial_pending: usize,
+    /// active, replaying, blocked, lagging or draining.
+    state: &'static str,
+    /// Events behind the newest buffered event (lagging watchers).
+    lag: u64,
+    /// Reads everything at once.
+    auto: bool,
+    /// terminate or lag.
+    policy: &'static str,
+    /// Bookmarks allowed.
+    allow_bookmarks: bool,
+}
+
+#[pymethods]
+impl WatcherInfo {
+    #[classattr]
+    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str) {
+        ("id", "key", "state", "queued")
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("id", self.id)?;
+        d.set_item("key", &self.key)?;
+        d.set_item("rv", self.rv)?;
+        d.set_item("last_sent_rv", self.last_sent_rv)?;
+        d.set_item("queued", self.queued)?;
+        d.set_item("queue_capacity", self.queue_capacity)?;
+        d.set_item("initial_pending", self.initial_pending)?;
+        d.set_item("state", self.state)?;
+        d.set_item("lag", self.lag)?;
+        d.set_item("auto", self.auto)?;
+        d.set_item("policy", self.policy)?;
+        d.set_item("allow_bookmarks", self.allow_bookmarks)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "WatcherInfo(id={}, key={:?}, state={}, queued={}/{})",
+            self.id, self.key, self.state, self.queued, self.queue_capacity
+        )
+    }
+}
+
+impl From<cacher_core::WatcherInfo> for WatcherInfo {
+    fn from(w: cacher_core::WatcherInfo) -> Self {
+        WatcherInfo {
+            id: w.id.0,
+            key: w.key,
+            rv: w.rv,
+            last_sent_rv: w.last_sent_rv,
+            queued: w.queued,
+            queue_capacity: w.queue_capacity,
+            initial_pending: w.initial_pending,
+            state: w.state,
+            lag: w.lag,
+            auto: w.auto,
+            policy: w.policy,
+            allow_bookmarks: w.allow_bookmarks,
+        }
+    }
+}
+
+// ----- module --------------------------------------------------------------------------------------
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_json, m)?)?;
+    m.add_class::<Cacher>()?;
+    m.add_class::<Window>()?;
+    m.add_class::<WatcherInfo>()?;
+    m.add_class::<WatchItem>()?;
+    m.add_class::<WatchStarted>()?;
+    m.add_class::<WatchError>()?;
+    m.add_class::<WatchClosed>()?;
+    m.add_class::<WatchDelegated>()?;
+    m.add_class::<ReadResult>()?;
+    m.add_class::<Item>()?;
+    m.add_class::<Rejected>()?;
+    m.add_class::<RequestProgress>()?;
+    m.add_class::<NeedCurrentRevision>()?;
+    m.add_class::<Relist>()?;
+    Ok(())
+}
