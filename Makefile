@@ -11,11 +11,13 @@ export CARGO_TERM_COLOR ?= never
 
 VENV := $(ROOT)/.venv
 PYTHON ?= python3
+WASM_BINDGEN_VERSION := $(shell sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' bindings-wasm/Cargo.toml)
+WASM_OUT := $(ROOT)/target/wasm32-unknown-unknown/wasm-release/watchcache_wasm.wasm
 FUZZ_SECONDS ?= 15
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust test-python python fuzz-smoke bench bench-python setup-rust setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python setup-rust setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -23,13 +25,15 @@ help: ## list targets
 run: ## replay an example scenario and print its trace
 	$(CARGO) run -q -p cacher-core --example replay -- scenarios/watch_too_old_rv_gets_410.json
 
-test: lint test-rust test-python fuzz-smoke ## formatting, lints, every test, a short fuzz run
+test: lint test-rust test-python test-wasm fuzz-smoke ## formatting, lints, every test, a short fuzz run
 	@echo "make test: all passed"
 
 lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency rule
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p cacher-core --no-default-features -- -D warnings
+	rustup target list --installed | grep -q '^wasm32-unknown-unknown$$' || rustup target add wasm32-unknown-unknown
+	$(CARGO) clippy -p watchcache-wasm -p cacher-core --target wasm32-unknown-unknown -- -D warnings
 	@if $(CARGO) tree -p cacher-core -e normal --prefix none | grep -E '^(tokio|pyo3|wasm-bindgen|js-sys|etcd-client|tonic) ' ; then \
 	  echo "cacher-core depends on a host crate" >&2; exit 1; fi
 
@@ -54,6 +58,18 @@ bench-python: python ## replay of a 100 000-event scenario, Python vs Rust (figu
 	$(CARGO) build -q --release -p cacher-core --example replay_bench
 	$(VENV)/bin/python bindings-python/bench/replay_bench.py $(ROOT)/target/release/examples/replay_bench
 
+wasm: setup-wasm ## build bindings-wasm/pkg (web) and bindings-wasm/pkg-node (Node), with TypeScript types
+	$(CARGO) build -q -p watchcache-wasm --target wasm32-unknown-unknown --profile wasm-release
+	$(TOOLS)/bin/wasm-bindgen --target web --out-dir bindings-wasm/pkg --out-name watchcache $(WASM_OUT)
+	$(TOOLS)/bin/wasm-bindgen --target nodejs --out-dir bindings-wasm/pkg-node --out-name watchcache $(WASM_OUT)
+
+test-wasm: wasm ## Node tests of the wasm package (node --test)
+	cd bindings-wasm && node --test tests/
+
+bench-wasm: wasm ## replay of a 100 000-event scenario, wasm (Node) vs native (figures in BENCHMARKS.md)
+	$(CARGO) build -q --release -p cacher-core --example replay_bench
+	node bindings-wasm/bench/replay_bench.mjs $(ROOT)/target/release/examples/replay_bench
+
 bench: setup-rust ## criterion benchmarks of the core (figures in BENCHMARKS.md)
 	$(CARGO) bench -p cacher-core --bench core
 
@@ -70,6 +86,12 @@ $(VENV)/.installed: bindings-python/requirements-dev.txt
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -r bindings-python/requirements-dev.txt
 	touch $@
+
+setup-wasm: setup-rust
+	@rustup target list --installed | grep -q '^wasm32-unknown-unknown$$' || rustup target add wasm32-unknown-unknown
+	@test -x $(TOOLS)/bin/wasm-bindgen && $(TOOLS)/bin/wasm-bindgen --version | grep -q ' $(WASM_BINDGEN_VERSION)$$' || \
+	  $(CARGO) install --root $(TOOLS) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
+	@command -v node >/dev/null || { echo "node not found: installing Debian's nodejs" >&2; apt-get install -y nodejs; }
 
 setup-fuzz: setup-rust
 	@rustup toolchain list | grep -q '^$(NIGHTLY)' || rustup toolchain install $(NIGHTLY) --profile minimal

@@ -487,7 +487,13 @@ fn f_at(path: &str, field: &str) -> String {
     }
 }
 
-fn parse_object(v: &Value, path: &str, default_rv: Option<u64>) -> Result<Object, ScenarioError> {
+/// Parses an object in the scenario format (`key`, `value`, `rv`, `labels`, `fields`); `rv`
+/// defaults to `default_rv`.
+pub fn parse_object(
+    v: &Value,
+    path: &str,
+    default_rv: Option<u64>,
+) -> Result<Object, ScenarioError> {
     let mut f = Fields::new(v, path)?;
     let key = f.string("key")?;
     let value = f.opt_string("value")?;

@@ -1,0 +1,1244 @@
+//! The watchcache core for JavaScript (browser and Node), via wasm-bindgen.
+//!
+//! A thin layer over `cacher-core`: argument conversion, errors as JS `Error`s with a `name`
+//! and a `code`, and outputs as plain objects. Resource versions (and every other 64-bit
+//! count) cross as `BigInt`, never as lossy numbers; times (`at`, milliseconds) and request ids
+//! are numbers. `replayJson` returns the trace as the exact JSON text the Rust replayer prints.
+
+use std::collections::BTreeMap;
+
+use cacher_core::replay::{self as core_replay, Record, ScenarioError};
+use cacher_core::{
+    Cacher as CoreCacher, Change, Config, ConsumeMode, GetRequest, Key, KeyRange, ListRequest,
+    Object, Output, ReadOutcome, RequestId, RvMatch, RvParam, Selector, SlowPolicy, Status,
+    Timestamp, WatchEvent, WatchRequest,
+};
+use js_sys::{Array, Object as JsObject, Reflect};
+use serde::Serialize;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+// ----- errors ------------------------------------------------------------------------------------
+
+fn js_error(
+    name: &str,
+    code: u16,
+    reason: &str,
+    message: &str,
+    retry_after_s: Option<u32>,
+) -> JsValue {
+    let e = js_sys::Error::new(message);
+    e.set_name(name);
+    let v: &JsValue = e.as_ref();
+    let _ = Reflect::set(v, &"code".into(), &JsValue::from(code));
+    let _ = Reflect::set(v, &"reason".into(), &JsValue::from_str(reason));
+    if let Some(r) = retry_after_s {
+        let _ = Reflect::set(v, &"retryAfterS".into(), &JsValue::from(r));
+    }
+    e.into()
+}
+
+fn status_name(code: u16) -> &'static str {
+    match code {
+        400 => "InvalidRequest",
+        404 => "NotFound",
+        410 => "ResourceExpired",
+        504 => "TooLargeResourceVersion",
+        429 | 503 => "NotReady",
+        _ => "WatchCacheError",
+    }
+}
+
+fn status_error(st: &Status) -> JsValue {
+    js_error(status_name(st.code()), st.code(), st.reason.as_str(), &st.message, st.retry_after_s)
+}
+
+fn scenario_error(e: &ScenarioError) -> JsValue {
+    js_error("ScenarioError", 400, "BadRequest", &e.to_string(), None)
+}
+
+fn type_error(msg: String) -> JsValue {
+    js_sys::TypeError::new(&msg).into()
+}
+
+fn describe(v: &JsValue) -> String {
+    if v.is_null() {
+        "null".into()
+    } else if v.is_undefined() {
+        "undefined".into()
+    } else {
+        v.js_typeof().as_string().unwrap_or_else(|| "?".into())
+    }
+}
+
+// ----- conversions in ------------------------------------------------------------------------------
+
+const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
+
+/// A non-negative integer from a number (a safe integer), a BigInt, or a decimal string.
+fn u64_arg(name: &str, v: &JsValue) -> Result<u64, JsValue> {
+    if let Some(f) = v.as_f64() {
+        if (0.0..=MAX_SAFE).contains(&f) && f.fract() == 0.0 {
+            return Ok(f as u64);
+        }
+        return Err(type_error(format!(
+            "{name}: expected a non-negative safe integer (use a BigInt or a string above 2^53), got {f}"
+        )));
+    }
+    if v.is_bigint() {
+        return u64::try_from(js_sys::BigInt::unchecked_from_js_ref(v).clone())
+            .map_err(|_| type_error(format!("{name}: BigInt out of the u64 range")));
+    }
+    if let Some(s) = v.as_string() {
+        return s
+            .parse::<u64>()
+            .map_err(|_| type_error(format!("{name}: expected a decimal integer, got {s:?}")));
+    }
+    Err(type_error(format!(
+        "{name}: expected a number, BigInt or decimal string, got {}",
+        describe(v)
+    )))
+}
+
+fn opt_u64(name: &str, v: &JsValue) -> Result<Option<u64>, JsValue> {
+    if v.is_null() || v.is_undefined() {
+        Ok(None)
+    } else {
+        u64_arg(name, v).map(Some)
+    }
+}
+
+fn string_arg(name: &str, v: &JsValue) -> Result<String, JsValue> {
+    v.as_string()
+        .ok_or_else(|| type_error(format!("{name}: expected a string, got {}", describe(v))))
+}
+
+fn opt_string(name: &str, v: &JsValue) -> Result<Option<String>, JsValue> {
+    if v.is_null() || v.is_undefined() {
+        Ok(None)
+    } else {
+        string_arg(name, v).map(Some)
+    }
+}
+
+fn opt_bool(name: &str, v: &JsValue) -> Result<Option<bool>, JsValue> {
+    if v.is_null() || v.is_undefined() {
+        return Ok(None);
+    }
+    v.as_bool()
+        .map(Some)
+        .ok_or_else(|| type_error(format!("{name}: expected a boolean, got {}", describe(v))))
+}
+
+/// Key or value bytes from a string or a Uint8Array.
+fn bytes_arg(name: &str, v: &JsValue) -> Result<Vec<u8>, JsValue> {
+    if let Some(s) = v.as_string() {
+        return Ok(s.into_bytes());
+    }
+    if let Some(a) = v.dyn_ref::<js_sys::Uint8Array>() {
+        return Ok(a.to_vec());
+    }
+    Err(type_error(format!("{name}: expected a string or a Uint8Array, got {}", describe(v))))
+}
+
+/// Reads an options object, rejecting unknown keys.
+struct Opts {
+    obj: Option<JsValue>,
+    name: &'static str,
+    known: &'static [&'static str],
+}
+
+impl Opts {
+    fn new(
+        name: &'static str,
+        v: &JsValue,
+        known: &'static [&'static str],
+    ) -> Result<Opts, JsValue> {
+        if v.is_null() || v.is_undefined() {
+            return Ok(Opts { obj: None, name, known });
+        }
+        if !v.is_object() || Array::is_array(v) {
+            return Err(type_error(format!(
+                "{name}: expected an options object, got {}",
+                describe(v)
+            )));
+        }
+        for k in JsObject::keys(v.unchecked_ref::<JsObject>()).iter() {
+            let k = k.as_string().unwrap_or_default();
+            if !known.contains(&k.as_str()) {
+                return Err(type_error(format!(
+                    "{name}: unknown option {k:?}; expected one of {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(Opts { obj: Some(v.clone()), name, known })
+    }
+
+    fn get(&self, key: &str) -> JsValue {
+        debug_assert!(self.known.contains(&key));
+        match &self.obj {
+            Some(o) => Reflect::get(o, &key.into()).unwrap_or(JsValue::UNDEFINED),
+            None => JsValue::UNDEFINED,
+        }
+    }
+
+    fn path(&self, key: &str) -> String {
+        format!("{}.{key}", self.name)
+    }
+}
+
+/// A JS value as JSON: objects, arrays, strings, numbers (integers exact), BigInts, booleans,
+/// null. Nesting is bounded so no input can exhaust the stack.
+fn json_of(v: &JsValue, depth: usize) -> Result<serde_json::Value, JsValue> {
+    use serde_json::Value;
+    if depth > 128 {
+        return Err(type_error("scenario nests deeper than 128 levels".into()));
+    }
+    if v.is_null() || v.is_undefined() {
+        return Ok(Value::Null);
+    }
+    if let Some(s) = v.as_string() {
+        return Ok(Value::String(s));
+    }
+    if let Some(b) = v.as_bool() {
+        return Ok(Value::Bool(b));
+    }
+    if let Some(f) = v.as_f64() {
+        if f.fract() == 0.0 && f.abs() <= MAX_SAFE {
+            return Ok(if f >= 0.0 { Value::from(f as u64) } else { Value::from(f as i64) });
+        }
+        return serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| type_error("NaN and Infinity are not JSON".into()));
+    }
+    if v.is_bigint() {
+        let b = js_sys::BigInt::unchecked_from_js_ref(v).clone();
+        if let Ok(n) = u64::try_from(b.clone()) {
+            return Ok(Value::from(n));
+        }
+        return i64::try_from(b)
+            .map(Value::from)
+            .map_err(|_| type_error("BigInt out of the 64-bit range".into()));
+    }
+    if Array::is_array(v) {
+        let a: &Array = v.unchecked_ref();
+        return a
+            .iter()
+            .map(|x| json_of(&x, depth + 1))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array);
+    }
+    if v.is_object() {
+        let mut map = serde_json::Map::new();
+        for entry in JsObject::entries(v.unchecked_ref::<JsObject>()).iter() {
+            let pair: &Array = entry.unchecked_ref();
+            let k = pair.get(0).as_string().unwrap_or_default();
+            map.insert(k, json_of(&pair.get(1), depth + 1)?);
+        }
+        return Ok(Value::Object(map));
+    }
+    Err(type_error(format!("scenario: {} is not JSON", describe(v))))
+}
+
+/// An object from `{key, value, rv, labels, fields}` (the scenario format).
+fn object_arg(name: &str, v: &JsValue, default_rv: u64) -> Result<Object, JsValue> {
+    if !v.is_object() || Array::is_array(v) {
+        return Err(type_error(format!(
+            "{name}: expected an object {{key, value, rv, labels, fields}}, got {}",
+            describe(v)
+        )));
+    }
+    let json = json_of(v, 0)?;
+    core_replay::parse_object(&json, name, Some(default_rv)).map_err(|e| type_error(e.to_string()))
+}
+
+fn rv_param(v: &JsValue) -> Result<RvParam, JsValue> {
+    let s = if v.is_null() || v.is_undefined() {
+        String::new()
+    } else if let Some(s) = v.as_string() {
+        s
+    } else {
+        u64_arg("rv", v)?.to_string()
+    };
+    RvParam::parse(&s).map_err(|st| status_error(&st))
+}
+
+// ----- conversions out -----------------------------------------------------------------------------
+
+fn serializer() -> serde_wasm_bindgen::Serializer {
+    serde_wasm_bindgen::Serializer::new()
+        .serialize_large_number_types_as_bigints(true)
+        .serialize_maps_as_objects(true)
+}
+
+fn to_js<T: Serialize>(v: &T) -> Result<JsValue, JsValue> {
+    v.serialize(&serializer())
+        .map_err(|e| js_error("WatchCacheError", 500, "InternalError", &e.to_string(), None))
+}
+
+fn text(b: &[u8]) -> String {
+    cacher_core::display_key(b)
+}
+
+/// A trace record for JS: `at` a number, resource versions BigInt.
+#[derive(Serialize)]
+struct JsRecord<'a> {
+    at: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rv: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<&'a BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_s: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    items: Option<&'a [core_replay::Item]>,
+    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
+    continue_token: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+}
+
+impl<'a> From<&'a Record> for JsRecord<'a> {
+    fn from(r: &'a Record) -> Self {
+        JsRecord {
+            at: r.at as f64,
+            id: r.id.as_deref(),
+            kind: r.kind,
+            source: r.source,
+            key: r.key.as_deref(),
+            rv: r.rv,
+            value: r.value.as_deref(),
+            annotations: r.annotations.as_ref(),
+            cause: r.cause,
+            code: r.code,
+            reason: r.reason.as_deref(),
+            message: r.message.as_deref(),
+            retry_after_s: r.retry_after_s,
+            items: r.items.as_deref(),
+            continue_token: r.continue_token.as_deref(),
+            remaining: r.remaining,
+        }
+    }
+}
+
+fn scenario_trace(scenario: &JsValue) -> Result<Vec<Record>, JsValue> {
+    if let Some(text) = scenario.as_string() {
+        core_replay::replay_str(&text).map_err(|e| scenario_error(&e))
+    } else if scenario.is_object() && !Array::is_array(scenario) {
+        let value = json_of(scenario, 0).map_err(|e| {
+            let msg =
+                e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default();
+            js_error("ScenarioError", 400, "BadRequest", &msg, None)
+        })?;
+        core_replay::replay(&value).map_err(|e| scenario_error(&e))
+    } else {
+        Err(type_error(format!(
+            "scenario: expected an object or a JSON string, got {}",
+            describe(scenario)
+        )))
+    }
+}
+
+/// Replays a scenario (an object, or its JSON text) and returns its trace: an array of
+/// records with `at` in milliseconds (a number) and resource versions as BigInt.
+#[wasm_bindgen]
+pub fn replay(scenario: JsValue) -> Result<JsValue, JsValue> {
+    let trace = scenario_trace(&scenario)?;
+    let out = Array::new_with_length(trace.len() as u32);
+    for (i, r) in trace.iter().enumerate() {
+        out.set(i as u32, to_js(&JsRecord::from(r))?);
+    }
+    Ok(out.into())
+}
+
+/// Replays a scenario and returns the trace as JSON text, byte for byte what the Rust replayer
+/// prints (the golden-file format; resource versions are exact JSON integers).
+#[wasm_bindgen(js_name = replayJson)]
+pub fn replay_json(scenario: JsValue) -> Result<String, JsValue> {
+    Ok(core_replay::trace_to_json(&scenario_trace(&scenario)?))
+}
+
+/// The package version.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").into()
+}
+
+// ----- outputs of the Cacher -----------------------------------------------------------------------
+
+#[derive(Serialize, Default)]
+struct JsItem {
+    key: String,
+    rv: u64,
+    value: Option<String>,
+    labels: BTreeMap<String, String>,
+    fields: BTreeMap<String, String>,
+}
+
+fn item_of(o: &Object) -> JsItem {
+    let (labels, fields) = match o.attrs() {
+        Some(a) => (
+            a.labels().map(|(k, v)| (k.to_owned(), v.to_owned())).collect(),
+            a.fields().map(|(k, v)| (k.to_owned(), v.to_owned())).collect(),
+        ),
+        None => Default::default(),
+    };
+    JsItem { key: text(o.key()), rv: o.rv(), value: o.value().map(text), labels, fields }
+}
+
+/// One output as a plain object: `type` says which (the trace's record types, plus
+/// `STARTED`); `id` is the request's id (a number).
+#[derive(Serialize, Default)]
+struct JsOutput {
+    at: f64,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rv: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(rename = "initialEventsEnd", skip_serializing_if = "Option::is_none")]
+    initial_events_end: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    initial: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<&'static str>,
+    #[serde(rename = "lastRv", skip_serializing_if = "Option::is_none")]
+    last_rv: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(rename = "retryAfterS", skip_serializing_if = "Option::is_none")]
+    retry_after_s: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    items: Option<Vec<JsItem>>,
+    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
+    continue_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+}
+
+fn item_output(at: u64, id: RequestId, e: &WatchEvent) -> JsOutput {
+    let obj = e.object();
+    JsOutput {
+        at: at as f64,
+        kind: e.type_str(),
+        id: Some(id.0 as f64),
+        key: obj.map(|o| text(o.key())),
+        rv: Some(e.rv()),
+        value: obj.and_then(|o| o.value()).map(text),
+        initial_events_end: match e {
+            WatchEvent::Bookmark { initial_events_end, .. } => Some(*initial_events_end),
+            _ => None,
+        },
+        ..JsOutput::default()
+    }
+}
+
+fn status_output(at: u64, kind: &'static str, id: RequestId, st: &Status) -> JsOutput {
+    JsOutput {
+        at: at as f64,
+        kind,
+        id: Some(id.0 as f64),
+        code: Some(st.code()),
+        reason: Some(st.reason.as_str().into()),
+        message: Some(st.message.clone()),
+        retry_after_s: st.retry_after_s,
+        ..JsOutput::default()
+    }
+}
+
+fn read_output(at: u64, kind: &'static str, id: RequestId, outcome: &ReadOutcome) -> JsOutput {
+    let base = JsOutput { at: at as f64, kind, id: Some(id.0 as f64), ..JsOutput::default() };
+    match outcome {
+        ReadOutcome::Storage { reason } => {
+            JsOutput { source: Some("storage"), reason: Some((*reason).into()), ..base }
+        }
+        ReadOutcome::Cache(r) => JsOutput {
+            source: Some("cache"),
+            reason: Some(r.reason.into()),
+            rv: Some(r.rv),
+            items: Some(r.items.iter().map(|o| item_of(o)).collect()),
+            continue_token: r.continue_token.clone(),
+            remaining: r.remaining,
+            ..base
+        },
+    }
+}
+
+fn outputs_of(at: u64, out: &Output, sink: &mut Vec<JsOutput>) {
+    let a = at as f64;
+    match out {
+        Output::Fanout { event, targets } => {
+            for (id, kind) in targets.iter() {
+                sink.push(item_output(at, *id, &WatchEvent::Change(*kind, event.clone())));
+            }
+        }
+        Output::Deliver { watch, events } => {
+            for e in events {
+                sink.push(item_output(at, *watch, e));
+            }
+        }
+        Output::WatchStarted { watch, rv, initial } => sink.push(JsOutput {
+            at: a,
+            kind: "STARTED",
+            id: Some(watch.0 as f64),
+            rv: Some(*rv),
+            initial: Some(initial.as_str()),
+            ..JsOutput::default()
+        }),
+        Output::WatchError { watch, status } => {
+            sink.push(status_output(at, "ERROR", *watch, status))
+        }
+        Output::WatchClosed { watch, cause, last_rv, message } => sink.push(JsOutput {
+            at: a,
+            kind: "CLOSED",
+            id: Some(watch.0 as f64),
+            cause: Some(cause.as_str()),
+            last_rv: Some(*last_rv),
+            message: message.clone(),
+            ..JsOutput::default()
+        }),
+        Output::WatchDelegated { watch, reason } => sink.push(JsOutput {
+            at: a,
+            kind: "WATCH",
+            id: Some(watch.0 as f64),
+            source: Some("storage"),
+            reason: Some((*reason).into()),
+            ..JsOutput::default()
+        }),
+        Output::List { request, outcome } => sink.push(read_output(at, "LIST", *request, outcome)),
+        Output::Get { request, outcome } => sink.push(read_output(at, "GET", *request, outcome)),
+        Output::Rejected { request, status } => {
+            sink.push(status_output(at, "REJECTED", *request, status))
+        }
+        Output::RequestProgress => {
+            sink.push(JsOutput { at: a, kind: "REQUEST_PROGRESS", ..JsOutput::default() })
+        }
+        Output::NeedCurrentRevision { request } => sink.push(JsOutput {
+            at: a,
+            kind: "NEED_CURRENT_RV",
+            id: Some(request.0 as f64),
+            ..JsOutput::default()
+        }),
+        Output::Relist { reason } => sink.push(JsOutput {
+            at: a,
+            kind: "RELIST",
+            reason: Some(reason.clone()),
+            ..JsOutput::default()
+        }),
+    }
+}
+
+// ----- the Cacher ----------------------------------------------------------------------------------
+
+/// The watch cache core, driven with explicit time (`nowMs`, milliseconds). Method names
+/// mirror the Python API in camelCase.
+#[wasm_bindgen]
+pub struct Cacher {
+    core: CoreCacher,
+    buffered: Vec<(u64, Output)>,
+    now_ms: u64,
+    etcd_rv: u64,
+    max_stored_rv: u64,
+    auto_current_revision: bool,
+}
+
+fn now(ms: u64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
+
+impl Cacher {
+    fn collect(&mut self, at: u64) {
+        while let Some(out) = self.core.poll_output() {
+            if let Output::NeedCurrentRevision { request } = &out {
+                if self.auto_current_revision {
+                    let request = *request;
+                    self.buffered.push((at, out));
+                    let answer = self.etcd_rv.max(self.max_stored_rv);
+                    self.core.handle_current_revision(now(at), request, answer);
+                    continue;
+                }
+            }
+            self.buffered.push((at, out));
+        }
+    }
+
+    fn step(&mut self, now_ms: &JsValue) -> Result<u64, JsValue> {
+        let t = u64_arg("nowMs", now_ms)?;
+        if t < self.now_ms {
+            return Err(type_error(format!(
+                "nowMs: time goes back ({t} after {}); the core's clock is monotonic",
+                self.now_ms
+            )));
+        }
+        while let Some((d, _)) = self.core.poll_timeout() {
+            if d.as_millis() > t {
+                break;
+            }
+            self.core.handle_timeout(d);
+            self.collect(d.as_millis());
+        }
+        self.now_ms = t;
+        Ok(t)
+    }
+
+    fn storage(
+        &mut self,
+        t: u64,
+        rv: u64,
+        r: Result<(), cacher_core::StorageError>,
+    ) -> Result<(), JsValue> {
+        r.map_err(|e| js_error("StorageInputError", 400, "BadRequest", &e.to_string(), None))?;
+        self.max_stored_rv = self.max_stored_rv.max(rv);
+        self.collect(t);
+        Ok(())
+    }
+}
+
+#[wasm_bindgen]
+impl Cacher {
+    /// A new cacher. `config` uses the scenario's config fields (e.g. `{profile: "v1.34",
+    /// capacity: 100}`); a bad field throws a `ConfigError` naming it.
+    #[wasm_bindgen(constructor)]
+    pub fn new(config: JsValue) -> Result<Cacher, JsValue> {
+        let cfg = if config.is_null() || config.is_undefined() {
+            Config::default()
+        } else {
+            let value = json_of(&config, 0)?;
+            core_replay::parse_config(&value, "config").map_err(|e| {
+                let msg = e.to_string();
+                js_error(
+                    "ConfigError",
+                    400,
+                    "BadRequest",
+                    msg.strip_prefix("config.").unwrap_or(&msg),
+                    None,
+                )
+            })?
+        };
+        let core = CoreCacher::new(cfg, now(0)).map_err(|e| {
+            js_error("ConfigError", 400, "BadRequest", &format!("{}: {}", e.field, e.message), None)
+        })?;
+        Ok(Cacher {
+            core,
+            buffered: Vec::new(),
+            now_ms: 0,
+            etcd_rv: 0,
+            max_stored_rv: 0,
+            auto_current_revision: true,
+        })
+    }
+
+    /// Answer NEED_CURRENT_RV automatically with max(etcdRv, every RV stored) (default true).
+    #[wasm_bindgen(getter = autoCurrentRevision)]
+    pub fn auto_current_revision(&self) -> bool {
+        self.auto_current_revision
+    }
+
+    /// Sets whether NEED_CURRENT_RV is answered automatically.
+    #[wasm_bindgen(setter = autoCurrentRevision)]
+    pub fn set_auto_current_revision(&mut self, v: bool) {
+        self.auto_current_revision = v;
+    }
+
+    /// A (re)list completed at `rv` with `objects` (`{key, value, rv, labels, fields}`).
+    #[wasm_bindgen(js_name = handleReplace)]
+    pub fn handle_replace(
+        &mut self,
+        now_ms: JsValue,
+        rv: JsValue,
+        objects: JsValue,
+    ) -> Result<(), JsValue> {
+        let rv = u64_arg("rv", &rv)?;
+        if !Array::is_array(&objects) {
+            return Err(type_error(format!(
+                "objects: expected an array, got {}",
+                describe(&objects)
+            )));
+        }
+        let arr: &Array = objects.unchecked_ref();
+        let objs = arr
+            .iter()
+            .enumerate()
+            .map(|(i, o)| object_arg(&format!("objects[{i}]"), &o, rv))
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = self.step(&now_ms)?;
+        let r = self.core.handle_replace(now(t), rv, objs);
+        self.storage(t, rv, r)
+    }
+
+    /// A storage put; `object.rv` is the event's resourceVersion.
+    #[wasm_bindgen(js_name = handlePut)]
+    pub fn handle_put(&mut self, now_ms: JsValue, object: JsValue) -> Result<(), JsValue> {
+        let o = object_arg("object", &object, 0)?;
+        if o.rv() == 0 {
+            return Err(type_error("object: rv (the event's resourceVersion) is required".into()));
+        }
+        let rv = o.rv();
+        let t = self.step(&now_ms)?;
+        let r = self.core.handle_put(now(t), o);
+        self.storage(t, rv, r)
+    }
+
+    /// A storage delete of `key` at `rv`.
+    #[wasm_bindgen(js_name = handleDelete)]
+    pub fn handle_delete(
+        &mut self,
+        now_ms: JsValue,
+        key: JsValue,
+        rv: JsValue,
+    ) -> Result<(), JsValue> {
+        let key = bytes_arg("key", &key)?;
+        let rv = u64_arg("rv", &rv)?;
+        let t = self.step(&now_ms)?;
+        let r = self.core.handle_delete(now(t), &key, rv);
+        self.storage(t, rv, r)
+    }
+
+    /// Every change of one revision at once: `changes` is an array of `["put", object]` and
+    /// `["delete", key]`.
+    #[wasm_bindgen(js_name = handleTxn)]
+    pub fn handle_txn(
+        &mut self,
+        now_ms: JsValue,
+        rv: JsValue,
+        changes: JsValue,
+    ) -> Result<(), JsValue> {
+        let rv = u64_arg("rv", &rv)?;
+        if !Array::is_array(&changes) {
+            return Err(type_error("changes: expected an array of [op, arg] pairs".into()));
+        }
+        let arr: &Array = changes.unchecked_ref();
+        let mut out = Vec::with_capacity(arr.length() as usize);
+        for (i, c) in arr.iter().enumerate() {
+            let pair: Option<&Array> = Array::is_array(&c).then(|| c.unchecked_ref());
+            let Some(pair) = pair.filter(|p| p.length() == 2) else {
+                return Err(type_error(format!(
+                    "changes[{i}]: expected [\"put\", object] or [\"delete\", key]"
+                )));
+            };
+            match pair.get(0).as_string().as_deref() {
+                Some("put") => out.push(Change::Put(object_arg(
+                    &format!("changes[{i}][1]"),
+                    &pair.get(1),
+                    rv,
+                )?)),
+                Some("delete") => out.push(Change::Delete(Key::new(&bytes_arg(
+                    &format!("changes[{i}][1]"),
+                    &pair.get(1),
+                )?))),
+                _ => {
+                    return Err(type_error(format!(
+                        "changes[{i}]: the op must be \"put\" or \"delete\""
+                    )))
+                }
+            }
+        }
+        let t = self.step(&now_ms)?;
+        let r = self.core.handle_revision(now(t), rv, out);
+        self.storage(t, rv, r)
+    }
+
+    /// A storage progress notify at `rv`.
+    #[wasm_bindgen(js_name = handleProgress)]
+    pub fn handle_progress(&mut self, now_ms: JsValue, rv: JsValue) -> Result<(), JsValue> {
+        let rv = u64_arg("rv", &rv)?;
+        let t = self.step(&now_ms)?;
+        let r = self.core.handle_progress(now(t), rv);
+        self.storage(t, rv, r)
+    }
+
+    /// The upstream watch broke: the cache must relist.
+    #[wasm_bindgen(js_name = handleStorageError)]
+    pub fn handle_storage_error(
+        &mut self,
+        now_ms: JsValue,
+        reason: Option<String>,
+    ) -> Result<(), JsValue> {
+        let t = self.step(&now_ms)?;
+        self.core.handle_storage_error(now(t), reason.as_deref().unwrap_or("watch failed"));
+        self.collect(t);
+        Ok(())
+    }
+
+    /// Storage's current revision for a NEED_CURRENT_RV.
+    #[wasm_bindgen(js_name = handleCurrentRevision)]
+    pub fn handle_current_revision(
+        &mut self,
+        now_ms: JsValue,
+        request_id: JsValue,
+        rv: JsValue,
+    ) -> Result<(), JsValue> {
+        let id = u64_arg("requestId", &request_id)?;
+        let rv = u64_arg("rv", &rv)?;
+        let t = self.step(&now_ms)?;
+        self.core.handle_current_revision(now(t), RequestId(id), rv);
+        self.collect(t);
+        Ok(())
+    }
+
+    /// Storage compacted its history at `rv`.
+    #[wasm_bindgen(js_name = handleCompaction)]
+    pub fn handle_compaction(&mut self, now_ms: JsValue, rv: JsValue) -> Result<(), JsValue> {
+        let rv = u64_arg("rv", &rv)?;
+        let t = self.step(&now_ms)?;
+        self.core.handle_compaction(now(t), rv);
+        self.collect(t);
+        Ok(())
+    }
+
+    /// Storage's current revision, used to answer NEED_CURRENT_RV automatically.
+    #[wasm_bindgen(js_name = setEtcdRv)]
+    pub fn set_etcd_rv(&mut self, rv: JsValue) -> Result<(), JsValue> {
+        self.etcd_rv = u64_arg("rv", &rv)?;
+        Ok(())
+    }
+
+    /// Stops the cacher for good.
+    pub fn stop(&mut self, now_ms: JsValue) -> Result<(), JsValue> {
+        let t = self.step(&now_ms)?;
+        self.core.stop(now(t));
+        self.collect(t);
+        Ok(())
+    }
+
+    /// Starts a watch and returns its id. `options`: `{recursive, rangeEnd, rv,
+    /// sendInitialEvents, allowBookmarks, labelSelector, fieldSelector, timeoutMs, consume
+    /// ("auto"|"manual"), slowPolicy ("terminate"|"lag"), queueCapacity}`.
+    #[wasm_bindgen(js_name = startWatch)]
+    pub fn start_watch(
+        &mut self,
+        now_ms: JsValue,
+        key: JsValue,
+        options: JsValue,
+    ) -> Result<f64, JsValue> {
+        const KNOWN: &[&str] = &[
+            "recursive",
+            "rangeEnd",
+            "rv",
+            "sendInitialEvents",
+            "allowBookmarks",
+            "labelSelector",
+            "fieldSelector",
+            "timeoutMs",
+            "consume",
+            "slowPolicy",
+            "queueCapacity",
+        ];
+        let o = Opts::new("options", &options, KNOWN)?;
+        let key = bytes_arg("key", &key)?;
+        let recursive = opt_bool(&o.path("recursive"), &o.get("recursive"))?.unwrap_or(true);
+        let range_end = o.get("rangeEnd");
+        let range = if range_end.is_null() || range_end.is_undefined() {
+            let k = String::from_utf8(key)
+                .map_err(|_| type_error("key: a Kubernetes key must be UTF-8".into()))?;
+            KeyRange::kubernetes(&k, recursive)
+        } else {
+            KeyRange::etcd(&key, &bytes_arg(&o.path("rangeEnd"), &range_end)?)
+        }
+        .map_err(|st| status_error(&st))?;
+        let mut req = WatchRequest::new(range, rv_param(&o.get("rv"))?);
+        req.send_initial_events =
+            opt_bool(&o.path("sendInitialEvents"), &o.get("sendInitialEvents"))?;
+        req.allow_bookmarks =
+            opt_bool(&o.path("allowBookmarks"), &o.get("allowBookmarks"))?.unwrap_or(false);
+        let labels =
+            opt_string(&o.path("labelSelector"), &o.get("labelSelector"))?.unwrap_or_default();
+        let fields =
+            opt_string(&o.path("fieldSelector"), &o.get("fieldSelector"))?.unwrap_or_default();
+        req.selector = Selector::parse(&labels, &fields).map_err(|st| status_error(&st))?;
+        req.timeout_ms = opt_u64(&o.path("timeoutMs"), &o.get("timeoutMs"))?;
+        req.consume = match opt_string(&o.path("consume"), &o.get("consume"))?.as_deref() {
+            None | Some("auto") => ConsumeMode::Auto,
+            Some("manual") => ConsumeMode::Manual,
+            Some(other) => {
+                return Err(type_error(format!(
+                    "options.consume: expected \"auto\" or \"manual\", got {other:?}"
+                )))
+            }
+        };
+        req.slow_policy = match opt_string(&o.path("slowPolicy"), &o.get("slowPolicy"))?.as_deref()
+        {
+            None | Some("terminate") => SlowPolicy::Terminate,
+            Some("lag") => SlowPolicy::Lag,
+            Some(other) => {
+                return Err(type_error(format!(
+                    "options.slowPolicy: expected \"terminate\" or \"lag\", got {other:?}"
+                )))
+            }
+        };
+        req.queue_capacity =
+            opt_u64(&o.path("queueCapacity"), &o.get("queueCapacity"))?.map(|n| n as usize);
+        let t = self.step(&now_ms)?;
+        let id = self.core.start_watch(now(t), req).map_err(|st| status_error(&st))?;
+        self.collect(t);
+        Ok(id.0 as f64)
+    }
+
+    /// The client of a watch goes away; false if it was not open.
+    #[wasm_bindgen(js_name = stopWatch)]
+    pub fn stop_watch(&mut self, now_ms: JsValue, id: JsValue) -> Result<bool, JsValue> {
+        let id = u64_arg("id", &id)?;
+        let t = self.step(&now_ms)?;
+        let r = self.core.stop_watch(now(t), RequestId(id));
+        self.collect(t);
+        Ok(r)
+    }
+
+    /// A manual watcher's client reads up to `max` queued events (all if omitted).
+    pub fn consume(&mut self, now_ms: JsValue, id: JsValue, max: JsValue) -> Result<f64, JsValue> {
+        let id = u64_arg("id", &id)?;
+        let max = opt_u64("max", &max)?;
+        let t = self.step(&now_ms)?;
+        let n = self.core.consume(now(t), RequestId(id), max);
+        self.collect(t);
+        Ok(n as f64)
+    }
+
+    /// Gives a manual watcher credit for `n` more events.
+    #[wasm_bindgen(js_name = grantCredit)]
+    pub fn grant_credit(
+        &mut self,
+        now_ms: JsValue,
+        id: JsValue,
+        n: JsValue,
+    ) -> Result<f64, JsValue> {
+        let id = u64_arg("id", &id)?;
+        let n = u64_arg("n", &n)?;
+        let t = self.step(&now_ms)?;
+        let d = self.core.grant_credit(now(t), RequestId(id), n);
+        self.collect(t);
+        Ok(d as f64)
+    }
+
+    /// Starts a list and returns its id. `options`: `{recursive, rv, rvMatch ("Exact" |
+    /// "NotOlderThan"), limit, continue, labelSelector, fieldSelector}`.
+    pub fn list(
+        &mut self,
+        now_ms: JsValue,
+        key: JsValue,
+        options: JsValue,
+    ) -> Result<f64, JsValue> {
+        const KNOWN: &[&str] =
+            &["recursive", "rv", "rvMatch", "limit", "continue", "labelSelector", "fieldSelector"];
+        let o = Opts::new("options", &options, KNOWN)?;
+        let key = string_arg("key", &key)?;
+        let recursive = opt_bool(&o.path("recursive"), &o.get("recursive"))?.unwrap_or(true);
+        let range = KeyRange::kubernetes(&key, recursive).map_err(|st| status_error(&st))?;
+        let mut req = ListRequest::new(range, rv_param(&o.get("rv"))?);
+        let m = opt_string(&o.path("rvMatch"), &o.get("rvMatch"))?.unwrap_or_default();
+        req.rv_match = RvMatch::parse(&m).map_err(|st| status_error(&st))?;
+        req.limit = opt_u64(&o.path("limit"), &o.get("limit"))?.unwrap_or(0);
+        req.continue_token = opt_string(&o.path("continue"), &o.get("continue"))?;
+        let labels =
+            opt_string(&o.path("labelSelector"), &o.get("labelSelector"))?.unwrap_or_default();
+        let fields =
+            opt_string(&o.path("fieldSelector"), &o.get("fieldSelector"))?.unwrap_or_default();
+        req.selector = Selector::parse(&labels, &fields).map_err(|st| status_error(&st))?;
+        let t = self.step(&now_ms)?;
+        let id = self.core.list(now(t), req).map_err(|st| status_error(&st))?;
+        self.collect(t);
+        Ok(id.0 as f64)
+    }
+
+    /// Starts a get of one key and returns its id. `options`: `{rv}`.
+    pub fn get(&mut self, now_ms: JsValue, key: JsValue, options: JsValue) -> Result<f64, JsValue> {
+        let o = Opts::new("options", &options, &["rv"])?;
+        let key = Key::new(&bytes_arg("key", &key)?);
+        let rv = rv_param(&o.get("rv"))?;
+        let t = self.step(&now_ms)?;
+        let id = self.core.get(now(t), GetRequest { key, rv }).map_err(|st| status_error(&st))?;
+        self.collect(t);
+        Ok(id.0 as f64)
+    }
+
+    /// Moves time to `nowMs`, firing every timer due by then at its own deadline.
+    pub fn advance(&mut self, now_ms: JsValue) -> Result<(), JsValue> {
+        self.step(&now_ms).map(|_| ())
+    }
+
+    /// Every output produced so far, in order, as plain objects (a fan-out becomes one item
+    /// per watcher).
+    pub fn drain(&mut self) -> Result<JsValue, JsValue> {
+        let mut items = Vec::new();
+        for (at, out) in std::mem::take(&mut self.buffered) {
+            outputs_of(at, &out, &mut items);
+        }
+        let arr = Array::new_with_length(items.len() as u32);
+        for (i, it) in items.iter().enumerate() {
+            arr.set(i as u32, to_js(it)?);
+        }
+        Ok(arr.into())
+    }
+
+    /// The next deadline as `{atMs, reason}`, or null.
+    #[wasm_bindgen(js_name = pollTimeout)]
+    pub fn poll_timeout(&self) -> JsValue {
+        match self.core.poll_timeout() {
+            None => JsValue::NULL,
+            Some((t, r)) => {
+                let o = JsObject::new();
+                let _ = Reflect::set(&o, &"atMs".into(), &JsValue::from(t.as_millis() as f64));
+                let _ = Reflect::set(&o, &"reason".into(), &JsValue::from_str(r.as_str()));
+                o.into()
+            }
+        }
+    }
+
+    /// The last `nowMs` given.
+    #[wasm_bindgen(getter = nowMs)]
+    pub fn now_ms(&self) -> f64 {
+        self.now_ms as f64
+    }
+
+    /// The cache's resourceVersion.
+    #[wasm_bindgen(getter = resourceVersion)]
+    pub fn resource_version(&self) -> u64 {
+        self.core.resource_version()
+    }
+
+    /// The RV of the last list.
+    #[wasm_bindgen(getter = listResourceVersion)]
+    pub fn list_resource_version(&self) -> u64 {
+        self.core.list_resource_version()
+    }
+
+    /// "pending", "ready" or "stopped".
+    #[wasm_bindgen(getter = readyState)]
+    pub fn ready_state(&self) -> String {
+        self.core.ready_state().as_str().into()
+    }
+
+    /// Objects in the store.
+    #[wasm_bindgen(getter = storeLen)]
+    pub fn store_len(&self) -> f64 {
+        self.core.store_len() as f64
+    }
+
+    /// Dispatch time budget available now, in ms.
+    #[wasm_bindgen(getter = budgetMs)]
+    pub fn budget_ms(&self) -> f64 {
+        self.core.budget_available_ms() as f64
+    }
+
+    /// Requests parked (waiting for the gate, storage's revision, or freshness).
+    #[wasm_bindgen(getter)]
+    pub fn parked(&self) -> f64 {
+        self.core.parked_count() as f64
+    }
+
+    /// The ring buffer's window: `{oldestRv, newestRv, oldestServable, len, capacity,
+    /// startIndex, endIndex, evictedSinceRelist}` (RVs and indices BigInt or null).
+    pub fn window(&self) -> Result<JsValue, JsValue> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct W {
+            oldest_rv: Option<u64>,
+            newest_rv: Option<u64>,
+            oldest_servable: Option<u64>,
+            len: u32,
+            capacity: u32,
+            start_index: u64,
+            end_index: u64,
+            evicted_since_relist: bool,
+        }
+        let w = self.core.window();
+        to_js(&W {
+            oldest_rv: w.oldest_rv,
+            newest_rv: w.newest_rv,
+            oldest_servable: w.oldest_servable,
+            len: w.len as u32,
+            capacity: w.capacity as u32,
+            start_index: w.start_index,
+            end_index: w.end_index,
+            evicted_since_relist: w.evicted_since_relist,
+        })
+    }
+
+    /// The buffered events, oldest first: `[{rv, key, isDelete}]`.
+    #[wasm_bindgen(js_name = windowEvents)]
+    pub fn window_events(&self) -> Result<JsValue, JsValue> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct E {
+            rv: u64,
+            key: String,
+            is_delete: bool,
+        }
+        let v: Vec<E> = self
+            .core
+            .window_events()
+            .map(|(rv, k, d)| E { rv, key: text(k), is_delete: d })
+            .collect();
+        to_js(&v)
+    }
+
+    /// The stored objects, in key order: `[{key, rv, value, labels, fields}]`.
+    pub fn objects(&self) -> Result<JsValue, JsValue> {
+        let v: Vec<JsItem> = self.core.objects().iter().map(|o| item_of(o)).collect();
+        to_js(&v)
+    }
+
+    /// Open watches.
+    pub fn watchers(&self) -> Result<JsValue, JsValue> {
+        let v: Vec<JsWatcher> = self.core.watchers().into_iter().map(JsWatcher::from).collect();
+        to_js(&v)
+    }
+
+    /// One open watch, or null.
+    pub fn watcher(&self, id: JsValue) -> Result<JsValue, JsValue> {
+        let id = u64_arg("id", &id)?;
+        match self.core.watcher(RequestId(id)) {
+            Some(w) => to_js(&JsWatcher::from(w)),
+            None => Ok(JsValue::NULL),
+        }
+    }
+
+    /// The metrics (Kubernetes' watch-cache metric names, counts as BigInt).
+    pub fn metrics(&self) -> Result<JsValue, JsValue> {
+        #[derive(Serialize)]
+        struct M<'a> {
+            events_received: u64,
+            events_dispatched: u64,
+            init_events: u64,
+            terminated_watchers: u64,
+            capacity_increases: u64,
+            capacity_decreases: u64,
+            initializations: u64,
+            cache_lists: &'a BTreeMap<String, u64>,
+            cache_list_fetched: &'a BTreeMap<String, u64>,
+            cache_list_returned: u64,
+            read_wait_buckets_ms: &'a [u64],
+            read_wait_counts: &'a [u64],
+            read_wait_sum_ms: u64,
+            consistent_reads_ok: u64,
+            consistent_reads_fallback: u64,
+            lists_delegated: u64,
+            gets_delegated: u64,
+            watches_delegated: u64,
+            watches_started: u64,
+            progress_requests: u64,
+            deliveries: u64,
+            bookmarks_sent: u64,
+            watch_expired: u64,
+        }
+        let m = self.core.metrics();
+        to_js(&M {
+            events_received: m.events_received,
+            events_dispatched: m.events_dispatched,
+            init_events: m.init_events,
+            terminated_watchers: m.terminated_watchers,
+            capacity_increases: m.capacity_increases,
+            capacity_decreases: m.capacity_decreases,
+            initializations: m.initializations,
+            cache_lists: &m.cache_lists,
+            cache_list_fetched: &m.cache_list_fetched,
+            cache_list_returned: m.cache_list_returned,
+            read_wait_buckets_ms: &cacher_core::READ_WAIT_BUCKETS_MS,
+            read_wait_counts: &m.read_wait_buckets,
+            read_wait_sum_ms: m.read_wait_sum_ms,
+            consistent_reads_ok: m.consistent_reads_ok,
+            consistent_reads_fallback: m.consistent_reads_fallback,
+            lists_delegated: m.lists_delegated,
+            gets_delegated: m.gets_delegated,
+            watches_delegated: m.watches_delegated,
+            watches_started: m.watches_started,
+            progress_requests: m.progress_requests,
+            deliveries: m.deliveries,
+            bookmarks_sent: m.bookmarks_sent,
+            watch_expired: m.watch_expired,
+        })
+    }
+
+    /// The configuration (scenario config field names).
+    pub fn config(&self) -> Result<JsValue, JsValue> {
+        let c = self.core.config();
+        let v = serde_json::json!({
+            "profile": c.profile.as_str(),
+            "capacity": c.capacity,
+            "lower_bound_capacity": c.lower_bound_capacity,
+            "upper_bound_capacity": c.upper_bound_capacity,
+            "dynamic_capacity": c.dynamic_capacity,
+            "event_fresh_ms": c.event_fresh_ms,
+            "bookmark_frequency_ms": c.bookmark_frequency_ms,
+            "dispatch_tick_ms": c.dispatch_tick_ms,
+            "dispatch_tick_jitter": c.dispatch_tick_jitter,
+            "freshness_timeout_ms": c.freshness_timeout_ms,
+            "budget_refill_ms_per_s": c.budget_refill_ms_per_s,
+            "budget_max_ms": c.budget_max_ms,
+            "watch_chan_size": c.watch_chan_size,
+            "index_field": c.index_field.as_deref(),
+            "watch_list": c.watch_list,
+            "consistent_list_from_cache": c.consistent_list_from_cache,
+            "resilient_initialization": c.resilient_initialization,
+            "list_from_cache_snapshot": c.list_from_cache_snapshot,
+        });
+        v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+            .map_err(|e| js_error("WatchCacheError", 500, "InternalError", &e.to_string(), None))
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsWatcher {
+    id: f64,
+    key: String,
+    rv: u64,
+    last_sent_rv: u64,
+    queued: u32,
+    queue_capacity: u32,
+    initial_pending: u32,
+    state: &'static str,
+    lag: u64,
+    auto: bool,
+    policy: &'static str,
+    allow_bookmarks: bool,
+}
+
+impl From<cacher_core::WatcherInfo> for JsWatcher {
+    fn from(w: cacher_core::WatcherInfo) -> Self {
+        JsWatcher {
+            id: w.id.0 as f64,
+            key: w.key,
+            rv: w.rv,
+            last_sent_rv: w.last_sent_rv,
+            queued: w.queued as u32,
+            queue_capacity: w.queue_capacity as u32,
+            initial_pending: w.initial_pending as u32,
+            state: w.state,
+            lag: w.lag,
+            auto: w.auto,
+            policy: w.policy,
+            allow_bookmarks: w.allow_bookmarks,
+        }
+    }
+}

@@ -1,0 +1,83 @@
+// Errors are JS Errors with a name and a code; no input traps the wasm instance.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { wc } from "./helpers.mjs";
+
+const ready = () => {
+  const c = new wc.Cacher({});
+  c.handleReplace(0, 10, [{ key: "/pods/ns/a", value: "a" }]);
+  return c;
+};
+
+const throwsNamed = (fn, name, code) =>
+  assert.throws(fn, (e) => {
+    assert.ok(e instanceof Error, String(e));
+    assert.equal(e.name, name);
+    if (code !== undefined) assert.equal(e.code, code);
+    return true;
+  });
+
+test("bad requests are InvalidRequest 400", () => {
+  const c = ready();
+  throwsNamed(() => c.startWatch(1, "/pods/", { rv: "ten" }), "InvalidRequest", 400);
+  throwsNamed(() => c.startWatch(1, "/pods/", { labelSelector: "a=b," }), "InvalidRequest", 400);
+  throwsNamed(() => c.startWatch(1, "/b", { rangeEnd: "/a" }), "InvalidRequest", 400);
+  throwsNamed(() => c.list(1, "/pods/", { rv: "0", rvMatch: "Exact" }), "InvalidRequest", 400);
+});
+
+test("wrong types are TypeErrors", () => {
+  const c = ready();
+  throwsNamed(() => c.startWatch("soon", "/pods/"), "TypeError");
+  throwsNamed(() => c.startWatch(1, 42), "TypeError");
+  throwsNamed(() => c.startWatch(1, "/pods/", { allowBookmark: true }), "TypeError");
+  throwsNamed(() => c.handlePut(1, "nope"), "TypeError");
+  throwsNamed(() => c.handlePut(1, { key: "/a", rv: -1 }), "TypeError");
+  throwsNamed(() => c.handlePut(1, { key: "/a", rv: 2 ** 60 }), "TypeError");
+  throwsNamed(() => c.handleReplace(1, 11, {}), "TypeError");
+  throwsNamed(() => wc.replay(42), "TypeError");
+  throwsNamed(() => c.advance(-5), "TypeError");
+});
+
+test("storage input errors leave the state unchanged", () => {
+  const c = ready();
+  throwsNamed(() => c.handlePut(1, { key: "/pods/ns/b", value: "b", rv: 9 }), "StorageInputError", 400);
+  throwsNamed(() => c.handleDelete(1, "/pods/ns/zz", 11), "StorageInputError", 400);
+  assert.equal(c.resourceVersion, 10n);
+  assert.equal(c.storeLen, 1);
+});
+
+test("config errors name the field", () => {
+  throwsNamed(() => new wc.Cacher({ capacity: 0 }), "ConfigError", 400);
+  assert.throws(() => new wc.Cacher({ capcity: 1 }), /capcity: unknown field/);
+});
+
+test("statuses come as outputs with code and reason", () => {
+  const c = ready();
+  c.startWatch(1, "/pods/", { rv: "5" });
+  const err = c.drain().find((o) => o.type === "ERROR");
+  assert.deepEqual([err.code, err.reason], [410, "Expired"]);
+  const c2 = new wc.Cacher({ profile: "v1.34" });
+  c2.startWatch(0, "/pods/", { rv: "0" });
+  const [rej] = c2.drain();
+  assert.deepEqual([rej.type, rej.code, rej.retryAfterS], ["REJECTED", 429, 1]);
+});
+
+test("nothing traps the instance", () => {
+  const bad = ["", "{", "[]", '{"steps": 3}', '{"steps": [{"at": 1e400, "op": "advance"}]}', { steps: [{ at: 0, op: "watch", id: "w", key: "/", rv: "\u0000" }] }];
+  for (const s of bad) {
+    try {
+      wc.replay(s);
+    } catch (e) {
+      assert.ok(e instanceof Error);
+    }
+  }
+  const deep = {};
+  let cur = deep;
+  for (let i = 0; i < 10000; i++) cur = cur.x = {};
+  assert.throws(() => wc.replay({ steps: [], x: deep }));
+  // The instance still works.
+  assert.equal(wc.replay('{"steps": []}').length, 0);
+  const c = ready();
+  c.startWatch(1, "/pods/");
+  assert.ok(c.drain().length > 0);
+});
