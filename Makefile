@@ -99,5 +99,8 @@ setup-fuzz: setup-rust
 	  $(CARGO) install --locked --root $(TOOLS) cargo-fuzz --version $(CARGO_FUZZ_VERSION)
 	@mkdir -p fuzz/artifacts
 
+# The web demo's targets (web, test-web, serve-web) live beside it.
+-include web-demo/web.mk
+
 clean: ## remove build output (keeps installed tools)
 	$(CARGO) clean

@@ -230,6 +230,12 @@ fn record_dict<'py>(py: Python<'py>, r: &Record) -> PyResult<Bound<'py, PyDict>>
     if let Some(v) = r.remaining {
         d.set_item(intern!(py, "remaining"), v)?;
     }
+    if let Some(v) = r.count {
+        d.set_item(intern!(py, "count"), v)?;
+    }
+    if let Some(v) = r.more {
+        d.set_item(intern!(py, "more"), v)?;
+    }
     Ok(d)
 }
 
@@ -660,6 +666,89 @@ impl ReadResult {
     }
 }
 
+/// An etcd-style range result: served from the cache (with count and more) or sent to storage.
+#[pyclass(frozen, get_all, module = "watchcache")]
+struct RangeResult {
+    /// Milliseconds at which the core produced it.
+    at: u64,
+    /// The request's id.
+    id: u64,
+    /// "cache" or "storage".
+    source: &'static str,
+    /// Why it is answered there.
+    reason: &'static str,
+    /// The cache's revision (etcd's header.revision), for a cache result.
+    rv: Option<u64>,
+    /// The objects (at most the limit).
+    items: Py<PyTuple>,
+    /// Keys in the range (etcd's count).
+    count: Option<u64>,
+    /// More keys than returned (etcd's more).
+    more: Option<bool>,
+}
+
+#[pymethods]
+impl RangeResult {
+    #[classattr]
+    fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str, &'static str) {
+        ("at", "id", "source", "rv", "items")
+    }
+
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("at", self.at)?;
+        d.set_item("id", self.id)?;
+        d.set_item("type", "RANGE")?;
+        d.set_item("source", self.source)?;
+        d.set_item("reason", self.reason)?;
+        if self.source == "cache" {
+            d.set_item("rv", self.rv)?;
+            let items = PyList::empty(py);
+            for it in self.items.bind(py).iter() {
+                items.append(it.cast::<Item>()?.get().to_dict(py)?)?;
+            }
+            d.set_item("items", items)?;
+            d.set_item("count", self.count)?;
+            d.set_item("more", self.more)?;
+        }
+        Ok(d)
+    }
+}
+
+fn range_result(
+    py: Python<'_>,
+    at: u64,
+    id: RequestId,
+    outcome: &cacher_core::RangeOutcome,
+) -> PyResult<RangeResult> {
+    Ok(match outcome {
+        cacher_core::RangeOutcome::Storage { reason } => RangeResult {
+            at,
+            id: id.0,
+            source: "storage",
+            reason,
+            rv: None,
+            items: PyTuple::empty(py).unbind(),
+            count: None,
+            more: None,
+        },
+        cacher_core::RangeOutcome::Cache(r) => {
+            let items: Vec<Py<Item>> =
+                r.items.iter().map(|o| Py::new(py, item_of(py, o)?)).collect::<PyResult<_>>()?;
+            RangeResult {
+                at,
+                id: id.0,
+                source: "cache",
+                reason: r.reason,
+                rv: Some(r.header_rv),
+                items: PyTuple::new(py, items)?.unbind(),
+                count: Some(r.count),
+                more: Some(r.more),
+            }
+        }
+    })
+}
+
 fn item_of(py: Python<'_>, o: &Object) -> PyResult<Item> {
     let labels = PyDict::new(py);
     let fields = PyDict::new(py);
@@ -786,6 +875,9 @@ fn outputs_of(py: Python<'_>, at: u64, out: &Output, sink: &Bound<'_, PyList>) -
         }
         Output::Get { request, outcome } => {
             sink.append(read_result(py, at, *request, "GET", outcome)?)?
+        }
+        Output::Range { request, outcome } => {
+            sink.append(range_result(py, at, *request, outcome)?)?
         }
         Output::Rejected { request, status } => sink.append(Rejected {
             at,
@@ -1206,6 +1298,35 @@ impl Cacher {
         Ok(id.0)
     }
 
+    /// Starts an etcd-style range read (`revision` 0 = latest; `linearizable` catches up with
+    /// storage first); returns its id (the result is a RangeResult output).
+    #[pyo3(signature = (now_ms, key, *, range_end = None, revision = 0, linearizable = false, limit = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn range(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        key: &Bound<'_, PyAny>,
+        range_end: Option<&Bound<'_, PyAny>>,
+        revision: u64,
+        linearizable: bool,
+        limit: u64,
+    ) -> PyResult<u64> {
+        let key = bytes_of("key", key)?;
+        let end = match range_end {
+            Some(e) if !e.is_none() => bytes_of("range_end", e)?,
+            _ => Vec::new(),
+        };
+        let range = KeyRange::etcd(&key, &end).map_err(|st| status_error(py, &st))?;
+        self.step(now_ms)?;
+        let id = self
+            .core
+            .range(now(now_ms), cacher_core::RangeRequest { range, revision, linearizable, limit })
+            .map_err(|st| status_error(py, &st))?;
+        self.collect(now_ms);
+        Ok(id.0)
+    }
+
     // --- polls
 
     /// Moves time to `now_ms`, firing every timer due by then at its own deadline.
@@ -1563,6 +1684,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<WatchClosed>()?;
     m.add_class::<WatchDelegated>()?;
     m.add_class::<ReadResult>()?;
+    m.add_class::<RangeResult>()?;
     m.add_class::<Item>()?;
     m.add_class::<Rejected>()?;
     m.add_class::<RequestProgress>()?;

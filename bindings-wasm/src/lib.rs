@@ -315,6 +315,10 @@ struct JsRecord<'a> {
     continue_token: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    more: Option<bool>,
 }
 
 impl<'a> From<&'a Record> for JsRecord<'a> {
@@ -336,6 +340,8 @@ impl<'a> From<&'a Record> for JsRecord<'a> {
             items: r.items.as_deref(),
             continue_token: r.continue_token.as_deref(),
             remaining: r.remaining,
+            count: r.count,
+            more: r.more,
         }
     }
 }
@@ -444,6 +450,10 @@ struct JsOutput {
     continue_token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    more: Option<bool>,
 }
 
 fn item_output(at: u64, id: RequestId, e: &WatchEvent) -> JsOutput {
@@ -537,6 +547,28 @@ fn outputs_of(at: u64, out: &Output, sink: &mut Vec<JsOutput>) {
         }),
         Output::List { request, outcome } => sink.push(read_output(at, "LIST", *request, outcome)),
         Output::Get { request, outcome } => sink.push(read_output(at, "GET", *request, outcome)),
+        Output::Range { request, outcome } => sink.push(match outcome {
+            cacher_core::RangeOutcome::Storage { reason } => JsOutput {
+                at: a,
+                kind: "RANGE",
+                id: Some(request.0 as f64),
+                source: Some("storage"),
+                reason: Some((*reason).into()),
+                ..JsOutput::default()
+            },
+            cacher_core::RangeOutcome::Cache(r) => JsOutput {
+                at: a,
+                kind: "RANGE",
+                id: Some(request.0 as f64),
+                source: Some("cache"),
+                reason: Some(r.reason.into()),
+                rv: Some(r.header_rv),
+                items: Some(r.items.iter().map(|o| item_of(o)).collect()),
+                count: Some(r.count),
+                more: Some(r.more),
+                ..JsOutput::default()
+            },
+        }),
         Output::Rejected { request, status } => {
             sink.push(status_output(at, "REJECTED", *request, status))
         }
@@ -977,6 +1009,36 @@ impl Cacher {
         let rv = rv_param(&o.get("rv"))?;
         let t = self.step(&now_ms)?;
         let id = self.core.get(now(t), GetRequest { key, rv }).map_err(|st| status_error(&st))?;
+        self.collect(t);
+        Ok(id.0 as f64)
+    }
+
+    /// Starts an etcd-style range read and returns its id. `options`: `{rangeEnd, revision
+    /// (0 = latest), linearizable, limit}`.
+    pub fn range(
+        &mut self,
+        now_ms: JsValue,
+        key: JsValue,
+        options: JsValue,
+    ) -> Result<f64, JsValue> {
+        let o = Opts::new("options", &options, &["rangeEnd", "revision", "linearizable", "limit"])?;
+        let key = bytes_arg("key", &key)?;
+        let end = o.get("rangeEnd");
+        let end = if end.is_null() || end.is_undefined() {
+            Vec::new()
+        } else {
+            bytes_arg(&o.path("rangeEnd"), &end)?
+        };
+        let range = KeyRange::etcd(&key, &end).map_err(|st| status_error(&st))?;
+        let req = cacher_core::RangeRequest {
+            range,
+            revision: opt_u64(&o.path("revision"), &o.get("revision"))?.unwrap_or(0),
+            linearizable: opt_bool(&o.path("linearizable"), &o.get("linearizable"))?
+                .unwrap_or(false),
+            limit: opt_u64(&o.path("limit"), &o.get("limit"))?.unwrap_or(0),
+        };
+        let t = self.step(&now_ms)?;
+        let id = self.core.range(now(t), req).map_err(|st| status_error(&st))?;
         self.collect(t);
         Ok(id.0 as f64)
     }

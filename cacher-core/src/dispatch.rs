@@ -41,7 +41,7 @@ impl Cacher {
             if !w.wants_rv(rv) {
                 continue;
             }
-            if w.can_take_directly() {
+            if w.can_take_directly_at(rv) {
                 w.spend_credit(1);
                 if rv > w.last_sent_rv {
                     w.last_sent_rv = rv;

@@ -119,11 +119,13 @@ pub use key::{display_key, has_path_prefix, prefix_end, Key, KeyRange};
 pub use metrics::{Metrics, READ_WAIT_BUCKETS_MS};
 pub use object::{Attrs, Object};
 pub use output::{
-    CachedRead, ChangeKind, CloseCause, InitialSource, Output, ReadOutcome, RequestId, Target,
-    WatchEvent,
+    CachedRead, ChangeKind, CloseCause, InitialSource, Output, RangeOutcome, RangeRead,
+    ReadOutcome, RequestId, Target, WatchEvent,
 };
 pub use ready::ReadyState;
-pub use request::{ConsumeMode, GetRequest, ListRequest, RvMatch, SlowPolicy, WatchRequest};
+pub use request::{
+    ConsumeMode, GetRequest, ListRequest, RangeRequest, RvMatch, SlowPolicy, WatchRequest,
+};
 pub use rv::RvParam;
 pub use selector::{
     FieldOp, FieldRequirement, FieldSelector, LabelOp, LabelRequirement, LabelSelector, Selector,

@@ -190,6 +190,33 @@ pub enum ReadOutcome {
     },
 }
 
+/// An etcd `Range` served from the cache.
+#[derive(Clone, Debug)]
+pub struct RangeRead {
+    /// The cache's revision (etcd's `header.revision`).
+    pub header_rv: u64,
+    /// The objects, in key order (at most the limit).
+    pub items: Vec<Arc<Object>>,
+    /// Keys in the range (etcd's `count`).
+    pub count: u64,
+    /// More keys than `items` (etcd's `more`).
+    pub more: bool,
+    /// Why the cache could serve it.
+    pub reason: &'static str,
+}
+
+/// Where an etcd `Range` is answered.
+#[derive(Clone, Debug)]
+pub enum RangeOutcome {
+    /// From the cache.
+    Cache(RangeRead),
+    /// The host must ask etcd.
+    Storage {
+        /// Why.
+        reason: &'static str,
+    },
+}
+
 /// One element of a fan-out: a watcher and how it sees the event.
 pub type Target = (RequestId, ChangeKind);
 
@@ -260,6 +287,13 @@ pub enum Output {
         request: RequestId,
         /// Where it is answered.
         outcome: ReadOutcome,
+    },
+    /// An etcd range's outcome.
+    Range {
+        /// The request.
+        request: RequestId,
+        /// Where it is answered.
+        outcome: RangeOutcome,
     },
     /// A request that failed without starting (or a list or get that failed).
     Rejected {

@@ -11,9 +11,9 @@ use alloc::vec::Vec;
 use crate::cacher::{Cacher, Parked, Phase};
 use crate::continue_token;
 use crate::key::{Key, KeyRange};
-use crate::output::{CachedRead, Output, ReadOutcome, RequestId};
+use crate::output::{CachedRead, Output, RangeOutcome, RangeRead, ReadOutcome, RequestId};
 use crate::ready::ReadyState;
-use crate::request::{GetRequest, ListRequest, RvMatch};
+use crate::request::{GetRequest, ListRequest, RangeRequest, RvMatch};
 use crate::rv::RvParam;
 use crate::status::{Reason, Status};
 use crate::store::{list_tree, Query};
@@ -37,6 +37,8 @@ pub(crate) struct ListPlan {
     /// The prefix continue tokens are relative to.
     pub token_prefix: Vec<u8>,
     pub reason: &'static str,
+    /// An etcd `Range` (answered as [`Output::Range`], falling back to storage on timeout).
+    pub etcd: bool,
 }
 
 enum Decision {
@@ -137,6 +139,62 @@ impl Cacher {
         Ok(id)
     }
 
+    /// Starts an etcd `Range` over the cache with etcd's semantics: `revision` 0 reads the
+    /// latest state (serializable), `linearizable` first catches up with storage's current
+    /// revision, a past `revision` reads the snapshot of that revision. The result is an
+    /// [`Output::Range`]: the objects (at most `limit`, 0 = all), the count of all keys in the
+    /// range, and whether more remain; or a decision to ask storage (not ready, a revision the
+    /// snapshots do not hold or a future one, or a linearizable read that timed out).
+    pub fn range(&mut self, now: Timestamp, req: RangeRequest) -> Result<RequestId, Status> {
+        self.advance(now);
+        let id = self.alloc_id();
+        let storage = |c: &mut Cacher, reason: &'static str| {
+            c.metrics.lists_delegated += 1;
+            c.outputs.push_back(Output::Range {
+                request: id,
+                outcome: RangeOutcome::Storage { reason },
+            });
+        };
+        if !self.ready.is_ready() {
+            storage(self, "cache not ready; served by storage");
+            return Ok(id);
+        }
+        let mut plan = ListPlan {
+            range: req.range.clone(),
+            min_rv: 0,
+            exact: None,
+            consistent: false,
+            limit: usize::try_from(req.limit).unwrap_or(usize::MAX),
+            start_key: None,
+            token_prefix: Vec::new(),
+            reason: "serializable read served from the cache",
+            etcd: true,
+        };
+        if req.revision > 0 {
+            if req.revision > self.rv {
+                storage(self, "a revision the cache has not reached yet; served by storage");
+                return Ok(id);
+            }
+            if self.store.snapshot_at(req.revision).is_none() || req.revision < self.compacted_rv {
+                storage(self, "a revision outside the cache's snapshots; served by storage");
+                return Ok(id);
+            }
+            plan.exact = Some(req.revision);
+            plan.reason = "read at a past revision, served from its snapshot";
+        } else if req.linearizable {
+            if !self.cfg.storage_supports_progress {
+                storage(self, "linearizable reads need progress requests; served by storage");
+                return Ok(id);
+            }
+            plan.consistent = true;
+            plan.reason = "linearizable read served once the cache caught up with storage";
+        }
+        let deadline = now.add_ms(self.cfg.request_timeout_ms);
+        let list = Box::new(ListRequest::new(req.range, RvParam::Unset));
+        self.list_after_ready(id, list, plan, deadline);
+        Ok(id)
+    }
+
     // ----- decisions ------------------------------------------------------------------------
 
     /// v1.30 `shouldDelegateList` plus the not-ready rule for RV 0.
@@ -182,6 +240,7 @@ impl Cacher {
             start_key: None,
             token_prefix: Vec::new(),
             reason,
+            etcd: false,
         })
     }
 
@@ -213,6 +272,7 @@ impl Cacher {
             start_key,
             token_prefix: token_prefix.clone(),
             reason,
+            etcd: false,
         };
         let exact = |rv: u64, start_key: Option<Vec<u8>>, why: &'static str| -> Decision {
             if !recursive {
@@ -403,6 +463,25 @@ impl Cacher {
         };
         let index = page.index.as_deref().unwrap_or("");
         self.metrics.count_cache_list(index, page.scanned, page.items.len());
+        if plan.etcd {
+            let tree = match plan.exact {
+                Some(rv) => self.store.snapshot_at(rv),
+                None => Some(self.store.tree()),
+            };
+            let count = tree.map_or(0, |t| count_in(t, &plan.range));
+            let more = page.items.len() < count;
+            self.outputs.push_back(Output::Range {
+                request: id,
+                outcome: RangeOutcome::Cache(RangeRead {
+                    header_rv: self.rv,
+                    items: page.items,
+                    count: count as u64,
+                    more,
+                    reason: plan.reason,
+                }),
+            });
+            return;
+        }
         if plan.consistent {
             self.metrics.consistent_reads_ok += 1;
         }
@@ -423,7 +502,7 @@ impl Cacher {
         });
     }
 
-    fn delegate_list(&mut self, id: RequestId, reason: &'static str) {
+    pub(crate) fn delegate_list(&mut self, id: RequestId, reason: &'static str) {
         self.metrics.lists_delegated += 1;
         self.outputs
             .push_back(Output::List { request: id, outcome: ReadOutcome::Storage { reason } });
@@ -491,4 +570,9 @@ impl Cacher {
         self.outputs
             .push_back(Output::Get { request: id, outcome: ReadOutcome::Storage { reason } });
     }
+}
+
+/// Keys of `range` in `tree`, counted from subtree sizes.
+fn count_in(tree: &crate::btree::Tree, range: &KeyRange) -> usize {
+    range.intervals().iter().map(|(lo, hi)| tree.count_range(lo, hi.as_deref())).sum()
 }

@@ -106,6 +106,12 @@ pub struct Record {
     /// `remainingItemCount` of a LIST page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remaining: Option<u64>,
+    /// Keys in the range of a RANGE (etcd's `count`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// More keys than returned, for a RANGE (etcd's `more`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub more: Option<bool>,
 }
 
 /// An object in a LIST or GET record.
@@ -201,20 +207,66 @@ pub struct ListSpec {
 #[derive(Clone, Debug)]
 #[allow(missing_docs)]
 pub enum Op {
-    Replace { rv: u64, objects: Vec<Object> },
-    Put { rv: u64, object: Object },
-    Delete { rv: u64, key: String },
-    Txn { rv: u64, changes: Vec<Change> },
-    Progress { rv: u64 },
-    StorageError { reason: String },
-    EtcdRv { rv: u64 },
-    Compact { rv: u64 },
-    Watch { id: String, spec: Box<WatchSpec> },
-    Consume { id: String, max: Option<u64> },
-    Credit { id: String, n: u64 },
-    StopWatch { id: String },
-    List { id: String, spec: Box<ListSpec> },
-    Get { id: String, key: String, rv: String },
+    Replace {
+        rv: u64,
+        objects: Vec<Object>,
+    },
+    Put {
+        rv: u64,
+        object: Object,
+    },
+    Delete {
+        rv: u64,
+        key: String,
+    },
+    Txn {
+        rv: u64,
+        changes: Vec<Change>,
+    },
+    Progress {
+        rv: u64,
+    },
+    StorageError {
+        reason: String,
+    },
+    EtcdRv {
+        rv: u64,
+    },
+    Compact {
+        rv: u64,
+    },
+    Watch {
+        id: String,
+        spec: Box<WatchSpec>,
+    },
+    Consume {
+        id: String,
+        max: Option<u64>,
+    },
+    Credit {
+        id: String,
+        n: u64,
+    },
+    StopWatch {
+        id: String,
+    },
+    List {
+        id: String,
+        spec: Box<ListSpec>,
+    },
+    Get {
+        id: String,
+        key: String,
+        rv: String,
+    },
+    Range {
+        id: String,
+        key: String,
+        range_end: Option<String>,
+        revision: u64,
+        linearizable: bool,
+        limit: u64,
+    },
     StopCacher,
     Advance,
 }
@@ -639,6 +691,14 @@ fn parse_step(v: &Value, path: &str) -> Result<Step, ScenarioError> {
             Op::List { id, spec: Box::new(spec) }
         }
         "get" => Op::Get { id: f.string("id")?, key: f.string("key")?, rv: f.opt_string("rv")?.unwrap_or_default() },
+        "range" => Op::Range {
+            id: f.string("id")?,
+            key: f.string("key")?,
+            range_end: f.opt_string("range_end")?,
+            revision: f.opt_u64("revision")?.unwrap_or(0),
+            linearizable: f.opt_bool("linearizable")?.unwrap_or(false),
+            limit: f.opt_u64("limit")?.unwrap_or(0),
+        },
         "stop_cacher" => Op::StopCacher,
         "advance" => Op::Advance,
         other => {
@@ -646,7 +706,7 @@ fn parse_step(v: &Value, path: &str) -> Result<Step, ScenarioError> {
                 f.at("op"),
                 format!(
                     "unknown op {other:?}; expected one of replace, put, delete, txn, progress, \
-                     storage_error, etcd_rv, compact, watch, consume, credit, stop_watch, list, get, stop_cacher, advance"
+                     storage_error, etcd_rv, compact, watch, consume, credit, stop_watch, list, get, range, stop_cacher, advance"
                 ),
             ))
         }
@@ -830,6 +890,24 @@ impl Replayer {
                     },
                 }
             }
+            Op::Range { id, key, range_end, revision, linearizable, limit } => {
+                self.claim(i, id)?;
+                let range =
+                    KeyRange::etcd(key.as_bytes(), range_end.as_deref().unwrap_or("").as_bytes());
+                let req = range.map(|range| crate::RangeRequest {
+                    range,
+                    revision: *revision,
+                    linearizable: *linearizable,
+                    limit: *limit,
+                });
+                match req {
+                    Err(status) => self.reject_unbound(at, id, &status),
+                    Ok(req) => match self.cacher.range(now, req) {
+                        Ok(rid) => self.bind(id, rid),
+                        Err(status) => self.reject_unbound(at, id, &status),
+                    },
+                }
+            }
             Op::StopCacher => self.cacher.stop(now),
             Op::Advance => {}
         }
@@ -925,6 +1003,37 @@ pub fn records_of(
         Output::Get { request, outcome } => {
             trace.push(read_record(at, name(request), "GET", outcome))
         }
+        Output::Range { request, outcome } => trace.push(match outcome {
+            crate::RangeOutcome::Storage { reason } => Record {
+                at,
+                id: name(request),
+                kind: "RANGE",
+                source: Some("storage"),
+                reason: Some((*reason).to_owned()),
+                ..Record::default()
+            },
+            crate::RangeOutcome::Cache(r) => Record {
+                at,
+                id: name(request),
+                kind: "RANGE",
+                source: Some("cache"),
+                rv: Some(r.header_rv),
+                reason: Some(r.reason.to_owned()),
+                items: Some(
+                    r.items
+                        .iter()
+                        .map(|o| Item {
+                            key: display_key(o.key()),
+                            rv: o.rv(),
+                            value: text(o.value()),
+                        })
+                        .collect(),
+                ),
+                count: Some(r.count),
+                more: Some(r.more),
+                ..Record::default()
+            },
+        }),
         Output::Rejected { request, status } => trace.push(rejected(at, name(request), status)),
         Output::RequestProgress => {
             trace.push(Record { at, kind: "REQUEST_PROGRESS", ..Record::default() })

@@ -165,3 +165,16 @@ pub struct GetRequest {
     /// `resourceVersion`.
     pub rv: RvParam,
 }
+
+/// An etcd `Range` over the cache (see [`crate::Cacher::range`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRequest {
+    /// The keys.
+    pub range: KeyRange,
+    /// The revision to read at (0 = the latest).
+    pub revision: u64,
+    /// Read the latest state as of now (etcd's default), not whatever the cache has.
+    pub linearizable: bool,
+    /// At most this many objects (0 = all).
+    pub limit: u64,
+}

@@ -142,7 +142,12 @@ impl Cacher {
                 if need > 0 {
                     self.metrics.observe_read_wait(waited);
                 }
-                if plan.consistent && self.cfg.profile.is_v1_34() {
+                if plan.etcd {
+                    self.delegate_range(
+                        id,
+                        "linearizable read timed out waiting for the cache; served by storage",
+                    );
+                } else if plan.consistent && self.cfg.profile.is_v1_34() {
                     // 1.31+: a consistent read that times out falls back to storage.
                     self.metrics.consistent_reads_fallback += 1;
                     self.metrics.lists_delegated += 1;
@@ -163,6 +168,15 @@ impl Cacher {
                 self.outputs.push_back(Output::Rejected { request: id, status })
             }
         }
+    }
+
+    fn delegate_range(&mut self, id: RequestId, reason: &'static str) {
+        self.metrics.consistent_reads_fallback += 1;
+        self.metrics.lists_delegated += 1;
+        self.outputs.push_back(Output::Range {
+            request: id,
+            outcome: crate::output::RangeOutcome::Storage { reason },
+        });
     }
 
     pub(crate) fn on_request_timeout(&mut self, id: RequestId) {

@@ -116,7 +116,14 @@ impl Watcher {
     /// True if a dispatched event can go straight to the client.
     #[inline]
     pub(crate) fn can_take_directly(&self) -> bool {
-        self.credit > 0
+        self.can_take_directly_at(0)
+    }
+
+    /// As `can_take_directly`, for a storage event at `rv`: a revision the client has started
+    /// receiving is completed even without credit, so no response splits a revision.
+    #[inline]
+    pub(crate) fn can_take_directly_at(&self, rv: u64) -> bool {
+        (self.credit > 0 || (rv != 0 && rv == self.last_sent_rv))
             && self.queue.is_empty()
             && self.initial.is_none()
             && self.end_bookmark.is_none()

@@ -113,6 +113,7 @@ enum Op {
     Stop { w: u8 },
     List(ListSpec),
     Get { key: u8, rv: RvChoice },
+    Range { range: RangeChoice, back: Option<u8>, linearizable: bool, limit: u8 },
     Advance { ms: u16 },
     Compact,
 }
@@ -182,6 +183,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u8>().prop_map(|w| Op::Stop { w }),
         3 => list,
         2 => (0u8..6, rv_choice()).prop_map(|(key, rv)| Op::Get { key, rv }),
+        2 => (range_choice(), prop::option::of(0u8..6), any::<bool>(), 0u8..4)
+            .prop_map(|(range, back, linearizable, limit)| Op::Range { range, back, linearizable, limit }),
         4 => (0u16..4000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Compact),
     ]
@@ -217,6 +220,7 @@ struct Harness {
     by_id: BTreeMap<RequestId, usize>,
     lists: BTreeMap<RequestId, (ListSpec, RvParam, u64)>,
     gets: BTreeMap<RequestId, (String, RvParam)>,
+    ranges: BTreeMap<RequestId, (RangeChoice, u64, bool, u64, u64)>,
 }
 
 fn key(k: u8) -> String {
@@ -259,6 +263,7 @@ impl Harness {
             by_id: BTreeMap::new(),
             lists: BTreeMap::new(),
             gets: BTreeMap::new(),
+            ranges: BTreeMap::new(),
         };
         for k in 0..3u8 {
             h.state
@@ -403,6 +408,18 @@ impl Harness {
                     self.gets.insert(id, (key(*k), param));
                 }
             }
+            Op::Range { range, back, linearizable, limit } => {
+                let revision = back.map_or(0, |b| self.rv.saturating_sub(u64::from(b)).max(1));
+                let req = cacher_core::RangeRequest {
+                    range: range.range(),
+                    revision,
+                    linearizable: *linearizable,
+                    limit: u64::from(*limit),
+                };
+                let id = self.c.range(t, req).expect("valid range");
+                self.ranges
+                    .insert(id, (*range, revision, *linearizable, u64::from(*limit), self.rv));
+            }
             Op::Advance { ms } => {
                 let target = self.now + u64::from(*ms);
                 while let Some((due, _)) = self.c.poll_timeout() {
@@ -462,6 +479,7 @@ impl Harness {
                 Output::Rejected { request, .. } => self.record(request, Seen::Rejected),
                 Output::List { request, outcome } => self.check_list(request, &outcome),
                 Output::Get { request, outcome } => self.check_get(request, &outcome),
+                Output::Range { request, outcome } => self.check_range(request, &outcome),
                 Output::NeedCurrentRevision { request } => {
                     let t = self.t();
                     self.c.handle_current_revision(t, request, self.rv);
@@ -529,6 +547,45 @@ impl Harness {
         );
         let want = self.state_at(read.rv).get(&k).map(|o| o.rv);
         assert_eq!(read.items.first().map(|o| o.rv()), want, "get {k} at {}", read.rv);
+    }
+
+    fn check_range(&mut self, id: RequestId, outcome: &cacher_core::RangeOutcome) {
+        let Some((choice, revision, linearizable, limit, storage_rv_then)) =
+            self.ranges.remove(&id)
+        else {
+            return;
+        };
+        let cacher_core::RangeOutcome::Cache(read) = outcome else { return };
+        let at = if revision > 0 { revision } else { read.header_rv };
+        assert!(
+            read.header_rv <= self.rv,
+            "range header {} beyond storage {}",
+            read.header_rv,
+            self.rv
+        );
+        if linearizable {
+            assert!(
+                read.header_rv >= storage_rv_then,
+                "linearizable range at {} older than {storage_rv_then}",
+                read.header_rv
+            );
+        }
+        let range = choice.range();
+        let want: Vec<(String, u64)> = self
+            .state_at(at)
+            .iter()
+            .filter(|(k, _)| range.contains(k.as_bytes()))
+            .map(|(k, o)| (k.clone(), o.rv))
+            .collect();
+        let got: Vec<(String, u64)> = read
+            .items
+            .iter()
+            .map(|o| (String::from_utf8(o.key().to_vec()).unwrap(), o.rv()))
+            .collect();
+        let n = if limit == 0 { want.len() } else { want.len().min(limit as usize) };
+        assert_eq!(got, want[..n].to_vec(), "range at {at} ({choice:?}, limit {limit})");
+        assert_eq!(read.count, want.len() as u64, "range count at {at}");
+        assert_eq!(read.more, n < want.len(), "range more at {at}");
     }
 
     /// The matching storage history after `from` as a watch with this spec sees it.

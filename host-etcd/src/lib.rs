@@ -1,0 +1,1 @@
+//! The watchcache etcd host (work in progress: issue 3).

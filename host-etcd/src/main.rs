@@ -1,0 +1,2 @@
+//! The `watchcache` server (work in progress: issue 3).
+fn main() {}
