@@ -14,10 +14,12 @@ PYTHON ?= python3
 WASM_BINDGEN_VERSION := $(shell sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' bindings-wasm/Cargo.toml)
 WASM_OUT := $(ROOT)/target/wasm32-unknown-unknown/wasm-release/watchcache_wasm.wasm
 FUZZ_SECONDS ?= 15
+ETCD_VERSION := $(shell sed -n 's|^\tgo.etcd.io/etcd/server/v3 v\(.*\)$$|\1|p' tools/etcd/go.mod)
+GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python setup-rust setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python setup-rust setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -37,8 +39,8 @@ lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency
 	@if $(CARGO) tree -p cacher-core -e normal --prefix none | grep -E '^(tokio|pyo3|wasm-bindgen|js-sys|etcd-client|tonic) ' ; then \
 	  echo "cacher-core depends on a host crate" >&2; exit 1; fi
 
-test-rust: setup-rust ## cargo test for the whole workspace
-	$(CARGO) test --workspace
+test-rust: setup-rust setup-etcd ## cargo test for the whole workspace (host tests start a real etcd)
+	WATCHCACHE_ETCD_BIN=$(TOOLS)/bin/etcd WATCHCACHE_ETCDCTL_BIN=$(TOOLS)/bin/etcdctl $(CARGO) test --workspace
 
 fuzz-smoke: setup-fuzz ## run each fuzz target for $(FUZZ_SECONDS)s (nightly + cargo-fuzz)
 	cd fuzz && for t in scenario selector ops; do \
@@ -73,8 +75,27 @@ bench-wasm: wasm ## replay of a 100 000-event scenario, wasm (Node) vs native (f
 bench: setup-rust ## criterion benchmarks of the core (figures in BENCHMARKS.md)
 	$(CARGO) bench -p cacher-core --bench core
 
-setup-rust:
+setup-rust: setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
+
+# etcd's protos are compiled by etcd-client's build script, which needs protoc.
+setup-protoc:
+	@command -v protoc >/dev/null || { echo "protoc not found: installing Debian's protobuf-compiler" >&2; \
+	  apt-get install -y protobuf-compiler || { apt-get update && apt-get install -y protobuf-compiler; }; }
+
+setup-etcd: ## etcd and etcdctl (version from tools/etcd/go.mod) in .tools/bin, built from etcd's Go modules
+	@if $(TOOLS)/bin/etcd --version 2>/dev/null | grep -q "etcd Version: $(ETCD_VERSION)$$" && \
+	    $(TOOLS)/bin/etcdctl version 2>/dev/null | grep -q "etcdctl version: $(ETCD_VERSION)$$"; then exit 0; fi; \
+	mkdir -p $(TOOLS)/bin; \
+	if [ -n "$(GO)" ]; then \
+	  echo "building etcd and etcdctl $(ETCD_VERSION) from etcd's Go modules with $$($(GO) version)"; \
+	  cd tools/etcd && GOBIN=$(TOOLS)/bin $(GO) install ./cmd/etcd ./cmd/etcdctl; \
+	else \
+	  echo "WARNING: Go not found: falling back to Debian's etcd package (3.4.23 has watch bugs: duplicate events, progress ordering; see spec/etcd.md)" >&2; \
+	  apt-get install -y etcd-server etcd-client || { apt-get update && apt-get install -y etcd-server etcd-client; }; \
+	  ln -sf "$$(command -v etcd)" $(TOOLS)/bin/etcd; ln -sf "$$(command -v etcdctl)" $(TOOLS)/bin/etcdctl; \
+	fi
+	@$(TOOLS)/bin/etcd --version | head -1
 
 setup-python: $(VENV)/.installed
 

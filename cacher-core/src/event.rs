@@ -18,11 +18,13 @@ pub struct Event {
 }
 
 impl Event {
-    pub(crate) fn put(object: Arc<Object>, prev: Option<Arc<Object>>, now: Timestamp) -> Event {
+    /// A create or update of `object` (at its RV), replacing `prev`, recorded at `now`.
+    pub fn put(object: Arc<Object>, prev: Option<Arc<Object>>, now: Timestamp) -> Event {
         Event { rv: object.rv(), object: Some(object), prev, record_time: now }
     }
 
-    pub(crate) fn delete(rv: u64, prev: Arc<Object>, now: Timestamp) -> Event {
+    /// A delete at `rv` of the stored `prev`, recorded at `now`.
+    pub fn delete(rv: u64, prev: Arc<Object>, now: Timestamp) -> Event {
         Event { rv, object: None, prev: Some(prev), record_time: now }
     }
 

@@ -1,2 +1,264 @@
-//! The `watchcache` server (work in progress: issue 3).
-fn main() {}
+//! `watchcache`: the Kubernetes watch cache in front of etcd, speaking etcd's gRPC API.
+//!
+//! `watchcache serve` (with no `--etcd-endpoints`, an embedded etcd is started),
+//! `watchcache replay FILE` (a scenario's trace, from the core's replayer).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use host_etcd::{
+    parse_duration, EmbeddedEtcd, EtcdOptions, EtcdTls, ServeConfig, Server, ServerTls,
+};
+use tracing::{error, info};
+
+#[derive(Parser)]
+#[command(
+    name = "watchcache",
+    version,
+    about = "The Kubernetes watch cache in front of etcd, speaking etcd's gRPC API"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve etcd's gRPC API (and HTTP) from a watch cache in front of etcd.
+    Serve(Box<ServeArgs>),
+    /// Replay a scenario file and print its trace (JSON lines).
+    Replay {
+        /// The scenario (JSON).
+        file: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// etcd members, HOST:PORT or URL, comma-separated. Without it, an embedded etcd is started
+    /// from .tools/bin or PATH on free loopback ports in a temporary directory.
+    #[arg(long, value_delimiter = ',', env = "WATCHCACHE_ETCD_ENDPOINTS")]
+    etcd_endpoints: Vec<String>,
+    /// Address for etcd gRPC clients.
+    #[arg(long, default_value = "127.0.0.1:2479")]
+    listen_grpc: SocketAddr,
+    /// Address for HTTP (metrics, health, debug, Kubernetes-style API, the demo).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen_http: SocketAddr,
+    /// A key prefix to cache (repeat for several; one cache each).
+    #[arg(long = "prefix", default_value = "/")]
+    prefixes: Vec<String>,
+    /// The Kubernetes behaviour to follow: v1.30 or v1.34.
+    #[arg(long, default_value = "v1.34")]
+    profile: String,
+    /// Initial ring-buffer capacity (Kubernetes: 100).
+    #[arg(long)]
+    capacity: Option<usize>,
+    /// Largest ring-buffer capacity (Kubernetes: 102400).
+    #[arg(long)]
+    upper_bound_capacity: Option<usize>,
+    /// Fixed capacity: no dynamic resizing.
+    #[arg(long)]
+    fixed_capacity: bool,
+    /// Bookmark frequency for Kubernetes-style watches (Kubernetes: 1m).
+    #[arg(long, value_parser = parse_duration)]
+    bookmark_frequency: Option<std::time::Duration>,
+    /// Field used as the trigger index for Kubernetes-style watches (e.g. spec.nodeName).
+    #[arg(long)]
+    index_field: Option<String>,
+    /// Events a gRPC watcher may have in flight before the cache holds them for it.
+    #[arg(long, default_value_t = 1024)]
+    grpc_credit: u64,
+    /// Events queued per gRPC watcher before it falls behind and is replayed from the ring.
+    #[arg(long, default_value_t = 1024)]
+    grpc_queue: usize,
+    /// Idle watches that asked for progress notify get one this often (etcd: 10m).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    progress_notify_interval: std::time::Duration,
+    /// CA (PEM) that signed etcd's server certificate.
+    #[arg(long)]
+    etcd_cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd.
+    #[arg(long, requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// Client key (PEM) for etcd.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user for the cache's own list and watch.
+    #[arg(long, env = "WATCHCACHE_ETCD_USER", requires = "etcd_password")]
+    etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, env = "WATCHCACHE_ETCD_PASSWORD", requires = "etcd_user")]
+    etcd_password: Option<String>,
+    /// Server certificate (PEM) for TLS to gRPC clients.
+    #[arg(long, requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// Server key (PEM).
+    #[arg(long, requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// Only accept gRPC clients with a certificate from this CA (PEM).
+    #[arg(long, requires = "cert_file")]
+    client_ca_file: Option<PathBuf>,
+    /// How long an etcd permission decision is reused for cached reads.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    auth_cache_ttl: std::time::Duration,
+    /// Directory of the web demo's files (served over HTTP when it exists).
+    #[arg(long, default_value = "web-demo/dist")]
+    web_dir: PathBuf,
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
+    let mut cfg = ServeConfig::default();
+    let profile =
+        cacher_core::Profile::parse(&a.profile).map_err(|e| format!("--profile: {}", e.message))?;
+    let mut core = cacher_core::Config::for_profile(profile);
+    if let Some(c) = a.capacity {
+        core.capacity = c;
+        core.lower_bound_capacity = core.lower_bound_capacity.min(c);
+    }
+    if let Some(c) = a.upper_bound_capacity {
+        core.upper_bound_capacity = c;
+    }
+    if a.fixed_capacity {
+        core.dynamic_capacity = false;
+    }
+    if let Some(b) = a.bookmark_frequency {
+        core.bookmark_frequency_ms = b.as_millis() as u64;
+    }
+    core.index_field = a.index_field.clone().map(String::into_boxed_str);
+    core.validate().map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.message))?;
+    cfg.cache.core = core;
+    cfg.cache.grpc_credit = a.grpc_credit.max(1);
+    cfg.cache.grpc_queue = a.grpc_queue.max(1);
+    cfg.listen_grpc = a.listen_grpc;
+    cfg.listen_http = Some(a.listen_http);
+    cfg.prefixes = a.prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
+    cfg.progress_notify_interval = a.progress_notify_interval;
+    cfg.auth_cache_ttl = a.auth_cache_ttl;
+    cfg.web_dir = Some(a.web_dir.clone());
+    cfg.upstream.endpoints = a.etcd_endpoints.clone();
+    if a.etcd_cacert.is_some() || a.etcd_cert.is_some() {
+        cfg.upstream.tls = Some(EtcdTls {
+            ca_pem: a.etcd_cacert.as_ref().map(read).transpose()?,
+            identity_pem: match (&a.etcd_cert, &a.etcd_key) {
+                (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+                _ => None,
+            },
+        });
+    }
+    if let (Some(u), Some(p)) = (&a.etcd_user, &a.etcd_password) {
+        cfg.upstream.user = Some((u.clone(), p.clone()));
+    }
+    if let (Some(c), Some(k)) = (&a.cert_file, &a.key_file) {
+        cfg.tls = Some(ServerTls {
+            cert_pem: read(c)?,
+            key_pem: read(k)?,
+            client_ca_pem: a.client_ca_file.as_ref().map(read).transpose()?,
+        });
+    }
+    Ok(cfg)
+}
+
+async fn serve(a: ServeArgs) -> Result<(), String> {
+    let mut cfg = config(&a)?;
+    let mut embedded = None;
+    if cfg.upstream.endpoints.is_empty() {
+        let etcd = EmbeddedEtcd::start(EtcdOptions::default()).await?;
+        info!(
+            endpoint = %etcd.endpoint(),
+            binary = %etcd.binary().display(),
+            data_dir = %etcd.data_dir().display(),
+            "no --etcd-endpoints: started an embedded etcd on a free loopback port in a temporary directory; it stops when watchcache does"
+        );
+        cfg.upstream.endpoints = vec![etcd.endpoint()];
+        embedded = Some(etcd);
+    }
+    let server = Server::start(cfg).await?;
+    info!(grpc = %server.grpc_addr(), http = ?server.http_addr(), "ready for etcd clients");
+    wait_for_signal().await;
+    info!("shutting down");
+    server.shutdown().await;
+    if let Some(mut etcd) = embedded {
+        etcd.kill().await;
+        info!("embedded etcd stopped");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Replay { file } => {
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            match cacher_core::replay::replay_str(&text) {
+                Ok(trace) => {
+                    print!("{}", cacher_core::replay::trace_to_json(&trace));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Serve(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("starting the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(serve(*args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    error!("{e}");
+                    eprintln!("watchcache: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

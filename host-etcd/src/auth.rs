@@ -1,0 +1,165 @@
+//! etcd auth at the cache's edge: a client reads from the cache only what etcd would let it
+//! read. The decision is etcd's own (a count-only `Range` of the same keys with the client's
+//! token), cached per token and range for a bounded time.
+//!
+//! etcd counterparts: `server/auth/store.go` (`IsRangePermitted`), and the watch server's
+//! `isWatchPermitted` in `v3rpc/watch.go`, which checks a watch's range once, at creation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::proto::{PbRangeRequest, PbRangeResponse, PbResponseHeader};
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use crate::metrics::HostMetrics;
+use crate::upstream::Upstream;
+
+/// `etcdserverpb.AuthStatusRequest` (not exported by etcd-client).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthStatusRequest {}
+
+/// `etcdserverpb.AuthStatusResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthStatusResponse {
+    /// Header.
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<PbResponseHeader>,
+    /// Whether auth is enabled.
+    #[prost(bool, tag = "2")]
+    pub enabled: bool,
+    /// The auth store's revision.
+    #[prost(uint64, tag = "3")]
+    pub auth_revision: u64,
+}
+
+type Decision = (Instant, Result<(), Status>);
+/// (token, key, range_end).
+type DecisionKey = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Permission checks for cached reads.
+pub struct AuthChecker {
+    upstream: Upstream,
+    enabled: AtomicBool,
+    ttl: Duration,
+    decisions: Mutex<HashMap<DecisionKey, Decision>>,
+    metrics: Arc<HostMetrics>,
+}
+
+impl AuthChecker {
+    /// A checker; `enabled` is refreshed from etcd with [`AuthChecker::refresh`].
+    pub fn new(upstream: Upstream, ttl: Duration, metrics: Arc<HostMetrics>) -> AuthChecker {
+        AuthChecker {
+            upstream,
+            enabled: AtomicBool::new(false),
+            ttl,
+            decisions: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// Whether etcd has auth enabled (as of the last refresh).
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Asks etcd whether auth is enabled. A change drops every cached decision.
+    pub async fn refresh(&self) {
+        let md = MetadataMap::new();
+        match self
+            .upstream
+            .unary::<AuthStatusRequest, AuthStatusResponse>(
+                "/etcdserverpb.Auth/AuthStatus",
+                &md,
+                AuthStatusRequest {},
+            )
+            .await
+        {
+            Ok(r) => self.set_enabled(r.into_inner().enabled),
+            // AuthStatus itself needs a user when auth is on, in some etcd versions.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unauthenticated
+                        | tonic::Code::PermissionDenied
+                        | tonic::Code::InvalidArgument
+                ) =>
+            {
+                self.set_enabled(true)
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Sets the auth state (also when a client enables or disables auth through the cache).
+    pub fn set_enabled(&self, on: bool) {
+        if self.enabled.swap(on, Ordering::Relaxed) != on {
+            if let Ok(mut d) = self.decisions.lock() {
+                d.clear();
+            }
+        }
+    }
+
+    /// Forgets every cached decision (after a change of users, roles or permissions made
+    /// through the cache).
+    pub fn invalidate(&self) {
+        if let Ok(mut d) = self.decisions.lock() {
+            d.clear();
+        }
+    }
+
+    /// Whether the client with this metadata may read `[key, range_end)` (etcd's range
+    /// conventions). `Ok` when auth is off.
+    pub async fn check(
+        &self,
+        md: &MetadataMap,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), Status> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let token = md.get("token").map(|v| v.as_bytes().to_vec()).unwrap_or_default();
+        let k = (token, key.to_vec(), range_end.to_vec());
+        let now = Instant::now();
+        if let Ok(d) = self.decisions.lock() {
+            if let Some((at, r)) = d.get(&k) {
+                if now.duration_since(*at) < self.ttl {
+                    self.metrics.count_auth_check(true);
+                    return r.clone();
+                }
+            }
+        }
+        self.metrics.count_auth_check(false);
+        self.metrics.count_upstream_request("auth_check");
+        let req = PbRangeRequest {
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
+            limit: 1,
+            serializable: true,
+            count_only: true,
+            ..Default::default()
+        };
+        let r = self
+            .upstream
+            .unary::<PbRangeRequest, PbRangeResponse>("/etcdserverpb.KV/Range", md, req)
+            .await
+            .map(|_| ());
+        let decided = match &r {
+            Ok(()) => true,
+            Err(s) => crate::watch_service::is_permission_error(s),
+        };
+        if decided {
+            if let Ok(mut d) = self.decisions.lock() {
+                if d.len() > 100_000 {
+                    d.retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
+                }
+                d.insert(k, (now, r.clone()));
+            }
+        }
+        r
+    }
+}

@@ -1,0 +1,326 @@
+//! The `watchcache` server: one cache task and one reflector per prefix, the etcd gRPC API
+//! (Watch and Range from the caches, everything else forwarded), and the HTTP API; started
+//! together, stopped together.
+//!
+//! Kubernetes counterpart: how kube-apiserver wires one `Cacher` per resource in front of the
+//! etcd3 store (`storage/cacher/cacher.go` `NewCacherFromConfig`, the storage factory).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cacher_core::KeyRange;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::{Identity, ServerTlsConfig};
+use tracing::{info, warn};
+
+use crate::auth::AuthChecker;
+use crate::cache::{new_cache, CacheHandle, CacheOptions, Cmd, StorageMsg};
+use crate::clock::Clock;
+use crate::metrics::HostMetrics;
+use crate::reflector::ReflectorOptions;
+use crate::upstream::{Upstream, UpstreamConfig};
+
+/// TLS for the server's own gRPC clients.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// Server certificate (PEM).
+    pub cert_pem: Vec<u8>,
+    /// Server key (PEM).
+    pub key_pem: Vec<u8>,
+    /// When set, only clients with a certificate signed by this CA (PEM) connect.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+/// Everything `watchcache serve` is configured with.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The etcd to cache.
+    pub upstream: UpstreamConfig,
+    /// Cached prefixes (one cache each).
+    pub prefixes: Vec<Vec<u8>>,
+    /// Per-cache settings (the core's config among them).
+    pub cache: CacheOptions,
+    /// Reflector settings.
+    pub reflector: ReflectorOptions,
+    /// gRPC listen address (port 0 picks a free one).
+    pub listen_grpc: SocketAddr,
+    /// HTTP listen address, if HTTP is served.
+    pub listen_http: Option<SocketAddr>,
+    /// TLS for gRPC clients.
+    pub tls: Option<ServerTls>,
+    /// How often watches that asked for progress notify get one when idle.
+    pub progress_notify_interval: Duration,
+    /// How often a pass-through watch checks whether it can move back onto the cache.
+    pub rejoin_interval: Duration,
+    /// How long a new watch waits for a cache that is (re)initialising before going to etcd.
+    pub create_wait: Duration,
+    /// How long a permission decision is reused.
+    pub auth_cache_ttl: Duration,
+    /// Largest request accepted (etcd's `--max-request-bytes` + gRPC overhead).
+    pub max_request_bytes: usize,
+    /// The web demo's files, served over HTTP when the directory exists.
+    pub web_dir: Option<PathBuf>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let cache = CacheOptions {
+            core: cacher_core::Config::for_profile(cacher_core::Profile::V1_34),
+            ..CacheOptions::default()
+        };
+        ServeConfig {
+            upstream: UpstreamConfig::default(),
+            prefixes: vec![b"/".to_vec()],
+            cache,
+            reflector: ReflectorOptions::default(),
+            listen_grpc: SocketAddr::from(([127, 0, 0, 1], 2479)),
+            listen_http: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            tls: None,
+            progress_notify_interval: Duration::from_secs(600),
+            rejoin_interval: Duration::from_secs(1),
+            create_wait: Duration::from_secs(5),
+            auth_cache_ttl: Duration::from_secs(5),
+            max_request_bytes: (1536 << 10) + (2 << 20),
+            web_dir: None,
+        }
+    }
+}
+
+/// What request handlers share.
+pub(crate) struct Ctx {
+    pub caches: Vec<CacheHandle>,
+    pub upstream: Upstream,
+    pub metrics: Arc<HostMetrics>,
+    pub auth: AuthChecker,
+    pub shutdown: watch::Receiver<bool>,
+    pub progress_notify_interval: Duration,
+    pub rejoin_interval: Duration,
+    pub create_wait: Duration,
+    pub max_request_bytes: usize,
+    compacted: AtomicU64,
+}
+
+impl Ctx {
+    /// The cache whose prefix holds every key of `range` (the longest such prefix).
+    pub fn cache_for(&self, range: &KeyRange) -> Option<usize> {
+        self.caches
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.covers(range))
+            .max_by_key(|(_, c)| c.prefix().len())
+            .map(|(i, _)| i)
+    }
+
+    /// etcd's compaction revision, as far as the cache knows.
+    pub fn compacted(&self) -> u64 {
+        self.compacted.load(Ordering::Relaxed)
+    }
+
+    /// etcd compacted at `rev`: reads and watches below it go to etcd (which refuses them as
+    /// etcd does), and the caches drop their older snapshots.
+    pub fn note_compacted(&self, rev: u64) {
+        let before = self.compacted.fetch_max(rev, Ordering::Relaxed);
+        if rev > before {
+            for c in &self.caches {
+                let _ = c.send(Cmd::Storage(StorageMsg::Compacted { rv: rev }));
+            }
+        }
+    }
+}
+
+/// A running server.
+pub struct Server {
+    ctx: Arc<Ctx>,
+    grpc_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Connects to etcd, starts a cache and reflector per prefix, and serves gRPC and HTTP.
+    pub async fn start(cfg: ServeConfig) -> Result<Server, String> {
+        if cfg.prefixes.is_empty() {
+            return Err("at least one --prefix is needed".into());
+        }
+        cfg.cache
+            .core
+            .validate()
+            .map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.message))?;
+        let upstream = Upstream::connect(&cfg.upstream).await?;
+        let metrics = Arc::new(HostMetrics::default());
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let clock = Clock::new();
+        let mut caches = Vec::new();
+        let mut tasks = Vec::new();
+        for prefix in &cfg.prefixes {
+            let (handle, task, ctl) =
+                new_cache(prefix, cfg.cache.clone(), clock, upstream.clone(), metrics.clone())?;
+            tasks.push(tokio::spawn(task.run()));
+            tasks.push(tokio::spawn(crate::reflector::run(
+                Arc::from(prefix.as_slice()),
+                upstream.clone(),
+                handle.tx.clone(),
+                ctl,
+                metrics.clone(),
+                cfg.reflector.clone(),
+                shutdown_rx.clone(),
+            )));
+            caches.push(handle);
+        }
+        let auth = AuthChecker::new(upstream.clone(), cfg.auth_cache_ttl, metrics.clone());
+        auth.refresh().await;
+        let ctx = Arc::new(Ctx {
+            caches,
+            upstream,
+            metrics,
+            auth,
+            shutdown: shutdown_rx.clone(),
+            progress_notify_interval: cfg.progress_notify_interval.max(Duration::from_millis(100)),
+            rejoin_interval: cfg.rejoin_interval.max(Duration::from_millis(10)),
+            create_wait: cfg.create_wait,
+            max_request_bytes: cfg.max_request_bytes,
+            compacted: AtomicU64::new(0),
+        });
+        {
+            let ctx = ctx.clone();
+            let mut stop = shutdown_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(10)) => ctx.auth.refresh().await,
+                        _ = stop.changed() => return,
+                    }
+                }
+            }));
+        }
+
+        // gRPC: Watch, Range and Compact handled here; every other call forwarded to etcd.
+        let grpc_listener = TcpListener::bind(cfg.listen_grpc)
+            .await
+            .map_err(|e| format!("listening for gRPC on {}: {e}", cfg.listen_grpc))?;
+        let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+        let router = {
+            let (c1, c2, c3, c4) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
+            axum::Router::new()
+                .route(
+                    "/etcdserverpb.Watch/Watch",
+                    axum::routing::any(move |req: http::Request<axum::body::Body>| {
+                        crate::watch_service::route(c1.clone(), req)
+                    }),
+                )
+                .route(
+                    "/etcdserverpb.KV/Range",
+                    axum::routing::any(move |req: http::Request<axum::body::Body>| {
+                        crate::kv_service::range_route(c2.clone(), req)
+                    }),
+                )
+                .route(
+                    "/etcdserverpb.KV/Compact",
+                    axum::routing::any(move |req: http::Request<axum::body::Body>| {
+                        crate::kv_service::compact_route(c3.clone(), req)
+                    }),
+                )
+                .fallback(move |req: http::Request<axum::body::Body>| {
+                    crate::forward::forward(c4.clone(), req)
+                })
+        };
+        let mut builder = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .initial_connection_window_size(Some(16 << 20))
+            .initial_stream_window_size(Some(4 << 20));
+        if let Some(tls) = &cfg.tls {
+            let mut t =
+                ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+            if let Some(ca) = &tls.client_ca_pem {
+                t = t.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+            }
+            builder = builder.tls_config(t).map_err(|e| format!("server TLS: {e}"))?;
+        }
+        let routes = tonic::service::Routes::from(router);
+        let mut stop = shutdown_rx.clone();
+        let serve = builder.add_routes(routes).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            async move {
+                let _ = stop.changed().await;
+            },
+        );
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = serve.await {
+                warn!(error = %e, "gRPC server ended");
+            }
+        }));
+
+        let mut http_addr = None;
+        if let Some(addr) = cfg.listen_http {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("listening for HTTP on {addr}: {e}"))?;
+            http_addr = Some(l.local_addr().map_err(|e| e.to_string())?);
+            let app = crate::http_api::router(ctx.clone(), cfg.web_dir.clone());
+            let mut stop = shutdown_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = axum::serve(l, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await;
+                if let Err(e) = r {
+                    warn!(error = %e, "HTTP server ended");
+                }
+            }));
+        }
+        info!(grpc = %grpc_addr, http = ?http_addr, prefixes = ?cfg.prefixes.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(), "watchcache serving");
+        Ok(Server { ctx, grpc_addr, http_addr, shutdown: shutdown_tx, tasks })
+    }
+
+    /// The gRPC address clients connect to.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The HTTP address, if HTTP is served.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// The caches, one per prefix.
+    pub fn caches(&self) -> &[CacheHandle] {
+        &self.ctx.caches
+    }
+
+    /// The host's counters.
+    pub fn metrics(&self) -> &HostMetrics {
+        &self.ctx.metrics
+    }
+
+    /// Waits until every cache is ready (at most `limit`).
+    pub async fn wait_ready(&self, limit: Duration) -> bool {
+        for c in &self.ctx.caches {
+            if !c.wait_ready(limit).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Stops serving: open watch streams end with `Unavailable`, the reflectors stop, the
+    /// caches stop.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let Server { ctx, tasks, .. } = self;
+        drop(ctx);
+        for t in tasks {
+            if tokio::time::timeout(Duration::from_secs(5), t).await.is_err() {
+                warn!("a task did not stop within 5 s");
+            }
+        }
+    }
+}
