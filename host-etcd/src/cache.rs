@@ -489,15 +489,13 @@ impl CacheTask {
             Cmd::EtcdWatch { spec, reply } => self.etcd_watch(now, spec, reply),
             Cmd::KubeWatch { req, sink, reply } => {
                 let (req, sink) = (req, sink);
-                let credit = self.options.kube_credit;
                 let mut req = req;
                 req.consume = cacher_core::ConsumeMode::Manual;
                 match self.cacher.start_watch(now, req) {
                     Ok(id) => {
+                        // Credit comes with WatchStarted (a watch can be parked first).
                         self.routes.insert(id, Route::Kube { sink });
                         let _ = reply.send(Ok(id));
-                        self.drain();
-                        self.cacher.grant_credit(now, id, credit);
                     }
                     Err(status) => {
                         let _ = reply.send(Err(status));
@@ -617,13 +615,8 @@ impl CacheTask {
                         min_rev: spec.min_rev,
                     },
                 );
+                // Started (or refused) comes out of the drain, with the first credit.
                 self.pending.insert(id, Pending::Etcd(reply));
-                // Started (or refused) comes out of the drain; then the first credit lets the
-                // replay and live events flow.
-                self.drain();
-                if self.routes.contains_key(&id) {
-                    self.cacher.grant_credit(now, id, self.options.grpc_credit);
-                }
             }
             Err(s) => {
                 let _ = reply.send(WatchStartReply::Miss { reason: s.message });
@@ -675,19 +668,26 @@ impl CacheTask {
                         self.batch(watch, e);
                     }
                 }
-                Output::WatchStarted { watch, .. } => match self.pending.remove(&watch) {
-                    Some(Pending::Etcd(reply)) => {
-                        if reply.send(WatchStartReply::Started { id: watch }).is_err() {
-                            self.routes.remove(&watch);
-                            self.cacher.stop_watch(self.clock.now(), watch);
+                Output::WatchStarted { watch, .. } => {
+                    let now = self.clock.now();
+                    match self.pending.remove(&watch) {
+                        Some(Pending::Etcd(reply)) => {
+                            if reply.send(WatchStartReply::Started { id: watch }).is_err() {
+                                self.routes.remove(&watch);
+                                self.cacher.stop_watch(now, watch);
+                            } else {
+                                // The first credit lets the replay and live events flow.
+                                self.cacher.grant_credit(now, watch, self.options.grpc_credit);
+                            }
+                        }
+                        None => {
+                            if let Some(Route::Kube { sink }) = self.routes.get(&watch) {
+                                let _ = sink.send(KubeItem::Started);
+                                self.cacher.grant_credit(now, watch, self.options.kube_credit);
+                            }
                         }
                     }
-                    None => {
-                        if let Some(Route::Kube { sink }) = self.routes.get(&watch) {
-                            let _ = sink.send(KubeItem::Started);
-                        }
-                    }
-                },
+                }
                 Output::WatchError { watch, status } => {
                     self.flush_one(watch);
                     if let Some(Pending::Etcd(reply)) = self.pending.remove(&watch) {

@@ -184,7 +184,9 @@ async fn from_cache(
             .map(|o| {
                 let mut kv = key_value(o);
                 if r.keys_only {
+                    // etcd's keys-only answer carries neither the value nor the lease.
                     kv.value.clear();
+                    kv.lease = 0;
                 }
                 kv
             })

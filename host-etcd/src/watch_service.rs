@@ -199,7 +199,10 @@ impl Session {
                     Ok(Some(req)) => self.on_request(req).await,
                     Ok(None) => Flow::Stop,
                     Err(e) => {
-                        debug!(error = %e, "watch stream ended by the client");
+                        // A request etcd could not read ends the stream with etcd's error (a
+                        // client that went away never sees it).
+                        debug!(error = %e, "watch stream ended");
+                        let _ = self.out.send(Err(e)).await;
                         Flow::Stop
                     }
                 },
@@ -296,7 +299,7 @@ impl Session {
         // Watch id: the client's, or the next free one (etcd's AutoWatchID = 0).
         let id = if requested_id != 0 {
             if self.watches.contains_key(&requested_id) {
-                return self.reject_create(requested_id, ERR_DUPLICATE_ID.to_owned()).await;
+                return self.reject_create(-1, ERR_DUPLICATE_ID.to_owned()).await;
             }
             requested_id
         } else {
@@ -313,7 +316,10 @@ impl Session {
         if spec.start_revision < 0 {
             // etcd forwards it to the store, which refuses it as compacted.
             return self
-                .reject_create(-1, "mvcc: required revision has been compacted".to_owned())
+                .reject_create(
+                    -1,
+                    "etcdserver: mvcc: required revision has been compacted".to_owned(),
+                )
                 .await;
         }
         let cache = self.ctx.cache_for(&spec.range);
@@ -322,7 +328,7 @@ impl Session {
             let end = if spec.range_end.is_empty() { Vec::new() } else { spec.range_end.clone() };
             if let Err(status) = self.ctx.auth.check(&self.md, &key, &end).await {
                 if is_permission_error(&status) {
-                    return self.reject_create(id, status.message().to_owned()).await;
+                    return self.reject_create(id, go_status_string(&status)).await;
                 }
                 // etcd unreachable: let etcd's own watch say what happens.
                 debug!(cache = c, error = %status, "permission check failed; passing the watch through");
@@ -940,6 +946,19 @@ fn stop_source(ctx: &Ctx, source: &Source) {
         // Dropping the control channel ends the relay and its etcd stream.
         Source::Upstream { .. } | Source::Waiting => {}
     }
+}
+
+/// A gRPC status as etcd's watch server writes it into a cancel reason (Go's `status.Error`
+/// string).
+fn go_status_string(s: &Status) -> String {
+    let code = match s.code() {
+        tonic::Code::PermissionDenied => "PermissionDenied",
+        tonic::Code::Unauthenticated => "Unauthenticated",
+        tonic::Code::InvalidArgument => "InvalidArgument",
+        tonic::Code::FailedPrecondition => "FailedPrecondition",
+        other => return format!("rpc error: code = {other:?} desc = {}", s.message()),
+    };
+    format!("rpc error: code = {code} desc = {}", s.message())
 }
 
 /// Whether an etcd error is a refusal (to pass on) rather than a failure to reach etcd.

@@ -1,0 +1,636 @@
+//! The etcd gRPC API through watchcache, compared with etcd's own answers to the same requests:
+//! watches (prefix, range, key, from-key; start revisions now, inside the window, outside it,
+//! compacted; prev_kv; filters; client-chosen ids; progress), ranges, and pass-through writes.
+//! A real etcd is started by each test on free loopback ports.
+
+mod support;
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchFilterType, WatchOptions,
+};
+use host_etcd::EtcdOptions;
+use support::conformance::{check, check_prev_kv, collect, history, Recorded};
+use support::Env;
+
+const T: Duration = Duration::from_secs(15);
+
+/// Writes a history with overwrites, deletes and multi-key transactions; returns etcd's
+/// revision after it.
+async fn write_history(c: &mut Client, tag: &str, n: usize) -> i64 {
+    let mut rev = 0;
+    for i in 0..n {
+        let key = format!("/a/{}", i % 7);
+        rev = c
+            .put(key.clone(), format!("{tag}-{i}"), None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+        if i % 5 == 4 {
+            rev = c.delete(key, None).await.expect("delete").header().expect("h").revision();
+        }
+        if i % 6 == 5 {
+            let txn = Txn::new().and_then(vec![
+                TxnOp::put(format!("/a/t{i}"), "x", None),
+                TxnOp::put(format!("/b/t{i}"), "y", None),
+                TxnOp::put(format!("/a/{}", (i + 1) % 7), format!("{tag}-txn-{i}"), None),
+            ]);
+            rev = c.txn(txn).await.expect("txn").header().expect("h").revision();
+        }
+        if i % 4 == 0 {
+            rev = c
+                .put(format!("/b/{i}"), "b", None)
+                .await
+                .expect("put")
+                .header()
+                .expect("h")
+                .revision();
+        }
+    }
+    rev
+}
+
+struct WatchCase {
+    name: String,
+    key: &'static str,
+    end: &'static str,
+    start: i64,
+    prev_kv: bool,
+    no_delete: bool,
+}
+
+fn options(c: &WatchCase) -> WatchOptions {
+    let mut o = WatchOptions::new().with_start_revision(c.start);
+    if !c.end.is_empty() {
+        o = o.with_range(c.end);
+    }
+    if c.prev_kv {
+        o = o.with_prev_key();
+    }
+    if c.no_delete {
+        o = o.with_filters([WatchFilterType::NoDelete]);
+    }
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_match_etcd_and_keep_its_guarantees() {
+    support::init_tracing();
+    // A small fixed window so that old start revisions fall outside it.
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.cache.core.capacity = 40;
+        cfg.cache.core.lower_bound_capacity = 40;
+        cfg.cache.core.upper_bound_capacity = 40;
+        cfg.cache.core.dynamic_capacity = false;
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let r0 = write_history(&mut direct, "h", 60).await;
+    env.wait_cache_rev(r0).await;
+    let window = env.server().caches()[0].status().oldest_servable.expect("window");
+    assert!(window > 5, "the window should have slid: oldest servable {window}");
+
+    let ranges = [
+        ("prefix /a/", "/a/", "/a0"),
+        ("range [/a/1,/a/5)", "/a/1", "/a/5"),
+        ("key /a/3", "/a/3", ""),
+        ("from /b", "/b", "\0"),
+    ];
+    let starts = [("now", 0), ("inside", r0 - 8), ("outside", 2)];
+    let mut cases = Vec::new();
+    for (rn, key, end) in ranges {
+        for (sn, start) in starts {
+            for prev_kv in [false, true] {
+                for no_delete in [false, true] {
+                    cases.push(WatchCase {
+                        name: format!(
+                            "{rn} from {sn}({start}) prev_kv={prev_kv} nodelete={no_delete}"
+                        ),
+                        key,
+                        end,
+                        start,
+                        prev_kv,
+                        no_delete,
+                    });
+                }
+            }
+        }
+    }
+    let mut streams = Vec::new();
+    for c in &cases {
+        let d = direct.watch(c.key, Some(options(c))).await.expect("direct watch");
+        let w = cached.watch(c.key, Some(options(c))).await.expect("cached watch");
+        streams.push((d, w));
+    }
+    // Let every watch be created before the writes that "now" watches must see.
+    let mut recs = Vec::new();
+    for (c, (d, w)) in cases.iter().zip(streams.iter_mut()) {
+        let mut rd = Recorded {
+            name: format!("etcd: {}", c.name),
+            key: c.key.into(),
+            range_end: c.end.into(),
+            start_rev: c.start,
+            no_delete: c.no_delete,
+            ..Default::default()
+        };
+        let mut rw = Recorded { name: format!("watchcache: {}", c.name), ..rd.clone() };
+        let m = d.message().await.expect("created").expect("created");
+        rd.created_rev = m.header().map_or(0, |h| h.revision());
+        rd.responses.push(support::conformance::resp_of(&m));
+        let m = w.message().await.expect("created").expect("created");
+        assert!(m.created(), "{}: first response is created", c.name);
+        rw.created_rev = m.header().map_or(0, |h| h.revision());
+        rw.responses.push(support::conformance::resp_of(&m));
+        recs.push((rd, rw));
+    }
+    let r1 = write_history(&mut direct, "live", 30).await;
+    let hist = history(&mut direct, r1).await;
+    let mut violations = Vec::new();
+    for ((c, (d, w)), (rd, rw)) in cases.iter().zip(streams.iter_mut()).zip(recs.iter_mut()) {
+        // Every watch sees its last event by r1 (or nothing more after it): wait for r1 via a
+        // progress request once the events are in.
+        collect_all(d, rd, r1).await;
+        collect_all(w, rw, r1).await;
+        let de: Vec<_> = rd.events().cloned().collect();
+        let we: Vec<_> = rw.events().cloned().collect();
+        if de != we {
+            violations.push(format!(
+                "{}: events differ from etcd's: etcd {} events, watchcache {}",
+                c.name,
+                de.len(),
+                we.len()
+            ));
+        }
+        violations.extend(check(&hist, rw));
+        if c.prev_kv {
+            violations.extend(check_prev_kv(&hist, rw));
+        }
+        if c.no_delete && rw.events().any(|e| e.delete) {
+            violations.push(format!("{}: NODELETE watch got a delete", c.name));
+        }
+    }
+    assert!(violations.is_empty(), "{} violations:\n{}", violations.len(), violations.join("\n"));
+    // The transaction's keys under /a/ arrived in one response.
+    let txn_rev = hist.iter().find(|e| e.key.starts_with(b"/a/t")).map(|e| e.rev).expect("a txn");
+    let prefix_now = &recs[0].1;
+    let _ = prefix_now;
+    for (_, rw) in &recs {
+        let with: Vec<_> =
+            rw.responses.iter().filter(|r| r.events.iter().any(|e| e.rev == txn_rev)).collect();
+        assert!(with.len() <= 1, "{}: txn revision split", rw.name);
+    }
+}
+
+/// Collects until the watch's history up to `until` is surely in: ask for progress (answered
+/// at or after every event sent).
+async fn collect_all(s: &mut etcd_client::WatchStream, rec: &mut Recorded, until: i64) {
+    s.request_progress().await.expect("progress request");
+    collect(s, rec, until, T).await;
+    assert!(
+        rec.last_rev() >= until || rec.canceled().is_some(),
+        "{}: stuck at {} < {until}: {:?}",
+        rec.name,
+        rec.last_rev(),
+        rec.error
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_inside_the_window_create_no_etcd_watch() {
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.cache.core.capacity = 50;
+        cfg.cache.core.lower_bound_capacity = 50;
+        cfg.cache.core.upper_bound_capacity = 50;
+        cfg.cache.core.dynamic_capacity = false;
+        cfg.rejoin_interval = Duration::from_millis(100);
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let r0 = write_history(&mut direct, "h", 80).await;
+    env.wait_cache_rev(r0).await;
+    let before = env.etcd_metric("etcd_debugging_mvcc_watcher_total", "").await;
+    let mut cached = env.cached().await;
+    let mut streams = Vec::new();
+    for i in 0..20 {
+        let s = cached
+            .watch(
+                "/a/",
+                Some(WatchOptions::new().with_prefix().with_start_revision(r0 - (i % 10))),
+            )
+            .await
+            .expect("watch");
+        streams.push(s);
+    }
+    for s in &mut streams {
+        let m = s.message().await.expect("msg").expect("created");
+        assert!(m.created());
+    }
+    let during = env.etcd_metric("etcd_debugging_mvcc_watcher_total", "").await;
+    assert_eq!(during, before, "watches inside the window must not reach etcd");
+    assert_eq!(env.cache_metric("watchcache_watch_requests_total", "source=\"etcd\"").await, 0.0);
+
+    // From revision 2, outside the window: etcd serves it, then it moves onto the cache.
+    let mut old = cached
+        .watch("/a/", Some(WatchOptions::new().with_prefix().with_start_revision(2)))
+        .await
+        .expect("watch");
+    let mut rec = Recorded {
+        name: "outside".into(),
+        key: b"/a/".to_vec(),
+        range_end: b"/a0".to_vec(),
+        start_rev: 2,
+        ..Default::default()
+    };
+    collect(&mut old, &mut rec, r0, T).await;
+    assert_eq!(env.cache_metric("watchcache_watch_requests_total", "source=\"etcd\"").await, 1.0);
+    let mut rejoined = false;
+    for _ in 0..100 {
+        if env.cache_metric("watchcache_passthrough_rejoins_total", "").await >= 1.0 {
+            rejoined = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(rejoined, "the pass-through watch should rejoin the cache once caught up");
+    let after = env.etcd_metric("etcd_debugging_mvcc_watcher_total", "").await;
+    assert_eq!(after, before, "after rejoining, no extra etcd watch remains");
+    // And it keeps its guarantees across the switch.
+    let r1 = write_history(&mut direct, "more", 20).await;
+    collect_all(&mut old, &mut rec, r1).await;
+    let hist = history(&mut direct, r1).await;
+    let v = check(&hist, &rec);
+    assert!(v.is_empty(), "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_revisions_are_refused_as_etcd_refuses_them() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let r0 = write_history(&mut direct, "h", 30).await;
+    env.wait_cache_rev(r0).await;
+    let compact_at = r0 - 5;
+    cached.compact(compact_at, None).await.expect("compact through the cache");
+    for (name, client) in [("etcd", &mut direct), ("watchcache", &mut cached)] {
+        let mut s = client
+            .watch("/a/", Some(WatchOptions::new().with_prefix().with_start_revision(3)))
+            .await
+            .expect("watch");
+        let mut rec = Recorded { name: name.into(), ..Default::default() };
+        collect(&mut s, &mut rec, i64::MAX, Duration::from_secs(5)).await;
+        let c =
+            rec.canceled().unwrap_or_else(|| panic!("{name}: not canceled: {:?}", rec.responses));
+        assert_eq!(c.compact_rev, compact_at, "{name}: compact revision");
+        assert!(rec.events().next().is_none(), "{name}: no events before the cancel");
+    }
+    // A range at a compacted revision fails the same way.
+    let d = direct
+        .get("/a/", Some(GetOptions::new().with_prefix().with_revision(3)))
+        .await
+        .expect_err("compacted");
+    let w = cached
+        .get("/a/", Some(GetOptions::new().with_prefix().with_revision(3)))
+        .await
+        .expect_err("compacted");
+    assert_eq!(d.to_string(), w.to_string());
+    // Revisions after the compaction still come from the cache.
+    let ok = cached
+        .get("/a/", Some(GetOptions::new().with_prefix().with_revision(compact_at + 1)))
+        .await
+        .expect("range");
+    let want = direct
+        .get("/a/", Some(GetOptions::new().with_prefix().with_revision(compact_at + 1)))
+        .await
+        .expect("range");
+    assert_eq!(ok.kvs().len(), want.kvs().len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_requests_are_answered_locally() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let mut s = cached.watch("/a/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+    s.message().await.expect("created").expect("created");
+    s.watch("/b/", Some(WatchOptions::new().with_prefix())).await.expect("second watch");
+    s.message().await.expect("created").expect("created");
+    let r0 = write_history(&mut direct, "h", 10).await;
+    env.wait_cache_rev(r0).await;
+    let before = env.etcd_metric("grpc_server_msg_received_total", "grpc_method=\"Watch\"").await;
+    let mut rec = Recorded {
+        name: "progress".into(),
+        key: b"/".to_vec(),
+        range_end: b"0".to_vec(),
+        ..Default::default()
+    };
+    s.request_progress().await.expect("progress");
+    let start = std::time::Instant::now();
+    loop {
+        let m = tokio::time::timeout(T, s.message())
+            .await
+            .expect("answer in time")
+            .expect("msg")
+            .expect("msg");
+        let r = support::conformance::resp_of(&m);
+        rec.responses.push(r.clone());
+        if r.is_progress() {
+            assert_eq!(r.watch_id, -1, "a requested progress answer has watch id -1, as etcd's");
+            assert_eq!(r.header_rev, r0, "everything up to etcd's revision was sent");
+            break;
+        }
+    }
+    let took = start.elapsed();
+    let after = env.etcd_metric("grpc_server_msg_received_total", "grpc_method=\"Watch\"").await;
+    assert_eq!(after, before, "the progress request did not reach etcd");
+    assert!(took < Duration::from_secs(2), "answered in {took:?}");
+    // etcd answers the same request the same way.
+    let mut d = direct.watch("/a/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+    d.message().await.expect("created").expect("created");
+    d.request_progress().await.expect("progress");
+    let m = d.message().await.expect("msg").expect("msg");
+    assert_eq!((m.watch_id(), m.header().map(|h| h.revision())), (-1, Some(r0)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_watches_get_periodic_progress_notifications() {
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.progress_notify_interval = Duration::from_millis(300)
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let r0 = write_history(&mut direct, "h", 5).await;
+    env.wait_cache_rev(r0).await;
+    let mut s = cached
+        .watch(
+            "/a/",
+            Some(WatchOptions::new().with_prefix().with_progress_notify().with_watch_id(42)),
+        )
+        .await
+        .expect("watch");
+    let created = s.message().await.expect("created").expect("created");
+    assert_eq!(created.watch_id(), 42);
+    let m = tokio::time::timeout(Duration::from_secs(3), s.message())
+        .await
+        .expect("a notification")
+        .expect("ok")
+        .expect("msg");
+    let r = support::conformance::resp_of(&m);
+    assert!(r.is_progress(), "{r:?}");
+    assert_eq!((r.watch_id, r.header_rev), (42, r0));
+    // After an event, the next notification is at or after it.
+    let r1 = direct.put("/a/x", "1", None).await.expect("put").header().expect("h").revision();
+    let mut rec = Recorded {
+        name: "periodic".into(),
+        key: b"/a/".to_vec(),
+        range_end: b"/a0".to_vec(),
+        start_rev: r0 + 1,
+        ..Default::default()
+    };
+    rec.responses.push(r);
+    collect(&mut s, &mut rec, r1, T).await;
+    let m = tokio::time::timeout(Duration::from_secs(3), s.message())
+        .await
+        .expect("a notification")
+        .expect("ok")
+        .expect("msg");
+    let r = support::conformance::resp_of(&m);
+    assert!(r.is_progress() && r.header_rev >= r1, "{r:?}");
+    rec.responses.push(r);
+    let hist = history(&mut direct, r1).await;
+    let v = check(&hist, &rec);
+    assert!(v.is_empty(), "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_ids_behave_as_etcds() {
+    let env = Env::start().await;
+    let mut answers = Vec::new();
+    for client in [env.direct().await, env.cached().await] {
+        let mut client = client;
+        let mut s = client
+            .watch("/x/", Some(WatchOptions::new().with_prefix().with_watch_id(7)))
+            .await
+            .expect("watch");
+        let mut got = Vec::new();
+        let m = s.message().await.expect("ok").expect("msg");
+        got.push((m.watch_id(), m.created(), m.canceled(), m.cancel_reason().to_owned()));
+        // A duplicate id, then two automatic ids, then a cancel.
+        s.watch("/y/", Some(WatchOptions::new().with_prefix().with_watch_id(7)))
+            .await
+            .expect("send");
+        let m = s.message().await.expect("ok").expect("msg");
+        got.push((m.watch_id(), m.created(), m.canceled(), m.cancel_reason().to_owned()));
+        for _ in 0..2 {
+            s.watch("/z/", Some(WatchOptions::new().with_prefix())).await.expect("send");
+            let m = s.message().await.expect("ok").expect("msg");
+            got.push((m.watch_id(), m.created(), m.canceled(), m.cancel_reason().to_owned()));
+        }
+        s.cancel(7).await.expect("cancel");
+        let m = s.message().await.expect("ok").expect("msg");
+        got.push((m.watch_id(), m.created(), m.canceled(), m.cancel_reason().to_owned()));
+        // Cancelling an unknown id gets no answer; the stream keeps working.
+        s.cancel(12345).await.expect("cancel");
+        s.watch("/w/", Some(WatchOptions::new().with_prefix().with_watch_id(99)))
+            .await
+            .expect("send");
+        let m = s.message().await.expect("ok").expect("msg");
+        got.push((m.watch_id(), m.created(), m.canceled(), m.cancel_reason().to_owned()));
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1], "etcd vs watchcache");
+}
+
+/// Ranges from the cache answer exactly what etcd answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_match_etcd() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    for i in 0..40 {
+        direct.put(format!("/r/{i:02}"), format!("v{i}"), None).await.expect("put");
+    }
+    let mid = env.etcd_rev().await;
+    for i in 0..40 {
+        if i % 3 == 0 {
+            direct.put(format!("/r/{i:02}"), format!("w{i}"), None).await.expect("put");
+        }
+        if i % 7 == 0 {
+            direct.delete(format!("/r/{i:02}"), None).await.expect("delete");
+        }
+    }
+    let lease = direct.lease_grant(600, None).await.expect("lease").id();
+    direct.put("/r/leased", "l", Some(PutOptions::new().with_lease(lease))).await.expect("put");
+    let now = env.etcd_rev().await;
+    env.wait_cache_rev(now).await;
+    let cases: Vec<(&str, &str, Option<GetOptions>)> = vec![
+        ("one key", "/r/05", None),
+        ("missing key", "/r/nope", None),
+        ("leased key", "/r/leased", None),
+        ("prefix", "/r/", Some(GetOptions::new().with_prefix())),
+        ("range", "/r/10", Some(GetOptions::new().with_range("/r/20"))),
+        ("from key", "/r/30", Some(GetOptions::new().with_from_key())),
+        ("limit", "/r/", Some(GetOptions::new().with_prefix().with_limit(5))),
+        ("limit beyond", "/r/", Some(GetOptions::new().with_prefix().with_limit(500))),
+        ("keys only", "/r/", Some(GetOptions::new().with_prefix().with_keys_only())),
+        ("count only", "/r/", Some(GetOptions::new().with_prefix().with_count_only())),
+        (
+            "count only limit",
+            "/r/",
+            Some(GetOptions::new().with_prefix().with_count_only().with_limit(3)),
+        ),
+        ("serializable", "/r/", Some(GetOptions::new().with_prefix().with_serializable())),
+        ("at a revision", "/r/", Some(GetOptions::new().with_prefix().with_revision(mid))),
+        (
+            "at a revision, limit",
+            "/r/",
+            Some(GetOptions::new().with_prefix().with_revision(mid).with_limit(4)),
+        ),
+        ("future revision", "/r/", Some(GetOptions::new().with_prefix().with_revision(now + 100))),
+        (
+            "sorted descending (etcd)",
+            "/r/",
+            Some(GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Descend)),
+        ),
+        (
+            "sorted by value (etcd)",
+            "/r/",
+            Some(GetOptions::new().with_prefix().with_sort(SortTarget::Value, SortOrder::Ascend)),
+        ),
+        ("empty range", "/r/20", Some(GetOptions::new().with_range("/r/10"))),
+    ];
+    let before_cache =
+        env.cache_metric("watchcache_range_requests_total", "source=\"cache\"").await;
+    for (name, key, opts) in cases {
+        let d = direct.get(key, opts.clone()).await;
+        let w = cached.get(key, opts).await;
+        match (d, w) {
+            (Ok(d), Ok(w)) => {
+                let kv = |r: &etcd_client::GetResponse| {
+                    r.kvs()
+                        .iter()
+                        .map(|k| {
+                            (
+                                k.key().to_vec(),
+                                k.value().to_vec(),
+                                k.create_revision(),
+                                k.mod_revision(),
+                                k.version(),
+                                k.lease(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(kv(&d), kv(&w), "{name}: kvs");
+                assert_eq!((d.count(), d.more()), (w.count(), w.more()), "{name}: count, more");
+                assert_eq!(
+                    d.header().map(|h| h.revision()),
+                    w.header().map(|h| h.revision()),
+                    "{name}: header revision"
+                );
+            }
+            (Err(d), Err(w)) => assert_eq!(d.to_string(), w.to_string(), "{name}: error"),
+            (d, w) => panic!("{name}: etcd {d:?} vs watchcache {w:?}"),
+        }
+    }
+    let after_cache = env.cache_metric("watchcache_range_requests_total", "source=\"cache\"").await;
+    assert!(
+        after_cache - before_cache >= 13.0,
+        "most ranges served from the cache: {}",
+        after_cache - before_cache
+    );
+    // Pagination as clients do it (key after the last, same revision) gives the same pages.
+    let mut pages = Vec::new();
+    for client in [&mut direct, &mut cached] {
+        let mut key = b"/r/".to_vec();
+        let mut rev = 0;
+        let mut all = Vec::new();
+        loop {
+            let mut o = GetOptions::new().with_range("/r0").with_limit(7);
+            if rev > 0 {
+                o = o.with_revision(rev);
+            }
+            let r = client.get(key.clone(), Some(o)).await.expect("page");
+            rev = r.header().expect("h").revision();
+            all.extend(r.kvs().iter().map(|k| k.key().to_vec()));
+            match r.kvs().last() {
+                Some(last) if r.more() => {
+                    key = last.key().to_vec();
+                    key.push(0);
+                }
+                _ => break,
+            }
+        }
+        pages.push(all);
+    }
+    assert_eq!(pages[0], pages[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_leases_txn_and_maintenance_pass_through() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let mut w = cached
+        .watch("/p/", Some(WatchOptions::new().with_prefix().with_prev_key()))
+        .await
+        .expect("watch");
+    w.message().await.expect("ok").expect("created");
+    let put = cached.put("/p/a", "1", Some(PutOptions::new().with_prev_key())).await.expect("put");
+    assert!(put.prev_key().is_none());
+    let put = cached.put("/p/a", "2", Some(PutOptions::new().with_prev_key())).await.expect("put");
+    assert_eq!(put.prev_key().map(|k| k.value().to_vec()), Some(b"1".to_vec()));
+    // Compare-and-swap.
+    let txn = Txn::new()
+        .when(vec![Compare::value("/p/a", CompareOp::Equal, "2")])
+        .and_then(vec![TxnOp::put("/p/a", "3", None), TxnOp::put("/p/b", "3", None)])
+        .or_else(vec![TxnOp::get("/p/a", None)]);
+    assert!(cached.txn(txn).await.expect("txn").succeeded());
+    // A lease: grant, attach, keep alive (a stream), revoke: the key goes away.
+    let lease = cached.lease_grant(30, None).await.expect("grant").id();
+    cached.put("/p/leased", "x", Some(PutOptions::new().with_lease(lease))).await.expect("put");
+    let (mut keeper, mut responses) = cached.lease_keep_alive(lease).await.expect("keepalive");
+    keeper.keep_alive().await.expect("keep alive");
+    let ka = responses.message().await.expect("ok").expect("response");
+    assert_eq!(ka.id(), lease);
+    assert!(ka.ttl() > 0);
+    cached.lease_revoke(lease).await.expect("revoke");
+    let rev = env.etcd_rev().await;
+    assert!(direct.get("/p/leased", None).await.expect("get").kvs().is_empty());
+    let deleted = cached
+        .delete("/p/b", Some(etcd_client::DeleteOptions::new().with_prev_key()))
+        .await
+        .expect("delete");
+    assert_eq!(deleted.deleted(), 1);
+    // The watch saw all of it, in order, with previous values.
+    let mut rec = Recorded {
+        name: "writes".into(),
+        key: b"/p/".to_vec(),
+        range_end: b"/p0".to_vec(),
+        ..Default::default()
+    };
+    let last = env.etcd_rev().await;
+    collect(&mut w, &mut rec, last, T).await;
+    let hist = history(&mut direct, last).await;
+    rec.created_rev = hist.iter().find(|e| e.key == b"/p/a").map(|e| e.rev - 1).expect("history");
+    let mut v = check(&hist, &rec);
+    v.extend(check_prev_kv(&hist, &rec));
+    assert!(v.is_empty(), "{v:?}");
+    assert!(rec.events().any(|e| e.delete && e.key == b"/p/leased" && e.rev <= rev));
+    // Cluster and maintenance calls answer as etcd does.
+    let dm = direct.member_list().await.expect("members");
+    let cm = cached.member_list().await.expect("members");
+    assert_eq!(
+        dm.members().iter().map(|m| m.id()).collect::<Vec<_>>(),
+        cm.members().iter().map(|m| m.id()).collect::<Vec<_>>()
+    );
+    let ds = direct.status().await.expect("status");
+    let cs = cached.status().await.expect("status");
+    assert_eq!(ds.header().map(|h| h.cluster_id()), cs.header().map(|h| h.cluster_id()));
+    assert_eq!(ds.version(), cs.version());
+}

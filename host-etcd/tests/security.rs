@@ -1,0 +1,204 @@
+//! Security: with etcd auth on, no client reads from the cache what etcd would refuse it (the
+//! decision is etcd's, cached briefly); with client TLS configured, only clients with a
+//! certificate from the configured CA connect.
+
+mod support;
+
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, ConnectOptions, GetOptions, Identity, Permission, TlsOptions, WatchOptions,
+};
+use host_etcd::{EtcdOptions, ServerTls};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use support::Env;
+
+fn norm<T>(r: Result<T, etcd_client::Error>) -> Result<(), (tonic::Code, String)> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(etcd_client::Error::GRpcStatus(s)) => Err((s.code(), s.message().to_owned())),
+        Err(e) => Err((tonic::Code::Unknown, e.to_string())),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
+    let etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
+    let mut admin = support::connect(&etcd.endpoint(), None).await;
+    admin.put("/a/1", "one", None).await.expect("put");
+    admin.put("/b/1", "secret", None).await.expect("put");
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin.user_grant_role("root", "root").await.expect("root role");
+    admin.role_add("reader").await.expect("role");
+    admin
+        .role_grant_permission("reader", Permission::read("/a/").with_prefix())
+        .await
+        .expect("grant");
+    admin.user_add("alice", "alicepw", None).await.expect("alice");
+    admin.user_grant_role("alice", "reader").await.expect("alice role");
+    admin.auth_enable().await.expect("auth on");
+
+    let mut cfg = support::test_config(&etcd);
+    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
+    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
+    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    let grpc = server.grpc_addr().to_string();
+    let alice = || ConnectOptions::new().with_user("alice", "alicepw");
+    let mut direct = support::connect(&etcd.endpoint(), Some(alice())).await;
+    let mut cached = support::connect(&grpc, Some(alice())).await;
+
+    // Allowed: the same answer, from the cache.
+    let d = direct.get("/a/", Some(GetOptions::new().with_prefix())).await.expect("allowed");
+    let w = cached.get("/a/", Some(GetOptions::new().with_prefix())).await.expect("allowed");
+    assert_eq!(d.kvs().len(), w.kvs().len());
+    // Refused: the same refusal.
+    for (key, opts) in [
+        ("/b/", Some(GetOptions::new().with_prefix())),
+        ("/b/1", None),
+        ("/", Some(GetOptions::new().with_prefix())),
+    ] {
+        let d = norm(direct.get(key, opts.clone()).await);
+        let w = norm(cached.get(key, opts).await);
+        assert!(d.is_err(), "etcd refuses {key}");
+        assert_eq!(d, w, "{key}");
+    }
+    // Watches: refused the same way, allowed ones get events.
+    for (key, allowed) in [("/b/", false), ("/a/", true)] {
+        let mut answers = Vec::new();
+        for c in [&mut direct, &mut cached] {
+            let mut s =
+                c.watch(key, Some(WatchOptions::new().with_prefix())).await.expect("stream");
+            let m = s.message().await.expect("ok").expect("msg");
+            answers.push((m.created(), m.canceled(), m.cancel_reason().to_owned()));
+        }
+        assert_eq!(answers[0], answers[1], "watch {key}");
+        assert_eq!(answers[1].1, !allowed, "watch {key}: {:?}", answers[1]);
+    }
+    // No credentials at all: refused as etcd refuses.
+    let mut anon_direct = support::connect(&etcd.endpoint(), None).await;
+    let mut anon_cached = support::connect(&grpc, None).await;
+    let d = norm(anon_direct.get("/a/1", None).await);
+    let w = norm(anon_cached.get("/a/1", None).await);
+    assert!(d.is_err());
+    assert_eq!(d, w);
+    // Decisions are reused for a while, not asked of etcd every time.
+    for _ in 0..10 {
+        cached.get("/a/", Some(GetOptions::new().with_prefix())).await.expect("allowed");
+    }
+    let http = format!("http://{}/metrics", server.http_addr().expect("http"));
+    let from_cache =
+        support::metric(&http, "watchcache_auth_checks_total", "source=\"cache\"").await;
+    assert!(from_cache >= 10.0, "decisions reused: {from_cache}");
+    // A permission revoked through the cache takes effect at once.
+    let mut root =
+        support::connect(&grpc, Some(ConnectOptions::new().with_user("root", "rootpw"))).await;
+    root.role_revoke_permission(
+        "reader",
+        "/a/",
+        Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
+    )
+    .await
+    .expect("revoke");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let d = norm(direct.get("/a/", Some(GetOptions::new().with_prefix())).await);
+    let w = norm(cached.get("/a/", Some(GetOptions::new().with_prefix())).await);
+    assert!(d.is_err(), "revoked");
+    assert_eq!(d, w);
+    // The HTTP API asks for credentials too.
+    let base = format!("http://{}", server.http_addr().expect("http"));
+    let r = reqwest::get(format!("{base}/kube/b/")).await.expect("request");
+    assert_eq!(r.status(), 401);
+    let r = reqwest::Client::new()
+        .get(format!("{base}/kube/b/"))
+        .basic_auth("alice", Some("alicepw"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 403);
+    let r = reqwest::Client::new()
+        .get(format!("{base}/kube/b/"))
+        .basic_auth("root", Some("rootpw"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+    server.shutdown().await;
+}
+
+struct Pki {
+    ca_pem: String,
+    server: (String, String),
+    client: (String, String),
+    stranger: (String, String),
+}
+
+fn pki() -> Pki {
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |names: Vec<String>, issuer: &Issuer<'_, KeyPair>| {
+        let key = KeyPair::generate().expect("key");
+        let cert =
+            CertificateParams::new(names).expect("params").signed_by(&key, issuer).expect("sign");
+        (cert.pem(), key.serialize_pem())
+    };
+    let server = leaf(vec!["localhost".into(), "127.0.0.1".into()], &issuer);
+    let client = leaf(vec!["client".into()], &issuer);
+    let other_key = KeyPair::generate().expect("key");
+    let mut other = CertificateParams::new(Vec::<String>::new()).expect("params");
+    other.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let other_issuer = Issuer::new(other, other_key);
+    let stranger = leaf(vec!["stranger".into()], &other_issuer);
+    Pki { ca_pem: ca_cert.pem(), server, client, stranger }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_client_tls_only_clients_of_the_ca_connect() {
+    let p = pki();
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.tls = Some(ServerTls {
+            cert_pem: p.server.0.clone().into_bytes(),
+            key_pem: p.server.1.clone().into_bytes(),
+            client_ca_pem: Some(p.ca_pem.clone().into_bytes()),
+        });
+    })
+    .await;
+    let url = format!("https://{}", env.grpc());
+    let tls = |id: Option<&(String, String)>| {
+        let mut t = TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(&p.ca_pem))
+            .domain_name("localhost");
+        if let Some((c, k)) = id {
+            t = t.identity(Identity::from_pem(c, k));
+        }
+        ConnectOptions::new()
+            .with_tls(t)
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(3))
+    };
+    let mut good = etcd_client::Client::connect([url.as_str()], Some(tls(Some(&p.client))))
+        .await
+        .expect("client of the CA");
+    good.put("/t/1", "x", None).await.expect("write through TLS");
+    assert_eq!(good.get("/t/1", None).await.expect("read").kvs().len(), 1);
+    for (name, id) in [("no certificate", None), ("another CA's certificate", Some(&p.stranger))] {
+        let r = match etcd_client::Client::connect([url.as_str()], Some(tls(id))).await {
+            Ok(mut c) => c.get("/t/1", None).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(r.is_err(), "{name}: must not connect");
+    }
+    // Plain text is refused too.
+    let plain = etcd_client::Client::connect(
+        [format!("http://{}", env.grpc())],
+        Some(ConnectOptions::new().with_timeout(Duration::from_secs(2))),
+    )
+    .await;
+    let r = match plain {
+        Ok(mut c) => c.get("/t/1", None).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(r.is_err(), "plain text must not work");
+}

@@ -1,0 +1,293 @@
+//! The conformance checker: etcd's watch guarantees (spec/etcd.md section 1.7) applied to
+//! recorded watch streams against the ground truth (etcd's own history).
+//!
+//! Ordered, unique, reliable, atomic, bookmarkable; resumable is reliability of the resumed
+//! watch from the last revision + 1.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use etcd_client::{EventType, WatchOptions, WatchStream};
+
+/// One event as a client sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ev {
+    pub rev: i64,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub delete: bool,
+    pub create_rev: i64,
+    pub version: i64,
+    /// The previous value and its mod revision (when asked for).
+    pub prev: Option<(Vec<u8>, i64)>,
+}
+
+/// One response as a client sees it.
+#[derive(Clone, Debug, Default)]
+pub struct Resp {
+    pub header_rev: i64,
+    pub watch_id: i64,
+    pub events: Vec<Ev>,
+    pub created: bool,
+    pub canceled: bool,
+    pub compact_rev: i64,
+    pub cancel_reason: String,
+}
+
+impl Resp {
+    /// clientv3's rule for a progress notification.
+    pub fn is_progress(&self) -> bool {
+        self.events.is_empty()
+            && !self.created
+            && !self.canceled
+            && self.compact_rev == 0
+            && self.header_rev != 0
+    }
+}
+
+/// A recorded watch.
+#[derive(Clone, Debug, Default)]
+pub struct Recorded {
+    pub name: String,
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    /// The start revision asked for (0 = now).
+    pub start_rev: i64,
+    /// Revision of the `created` response's header.
+    pub created_rev: i64,
+    pub responses: Vec<Resp>,
+    /// The stream ended with this error (an explicit end).
+    pub error: Option<String>,
+    /// The watch filters out deletes (NODELETE) or puts (NOPUT).
+    pub no_delete: bool,
+    pub no_put: bool,
+}
+
+impl Recorded {
+    pub fn events(&self) -> impl Iterator<Item = &Ev> {
+        self.responses.iter().flat_map(|r| r.events.iter())
+    }
+
+    pub fn last_rev(&self) -> i64 {
+        self.responses
+            .iter()
+            .map(
+                |r| {
+                    if r.is_progress() {
+                        r.header_rev
+                    } else {
+                        r.events.last().map_or(0, |e| e.rev)
+                    }
+                },
+            )
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub fn canceled(&self) -> Option<&Resp> {
+        self.responses.iter().find(|r| r.canceled)
+    }
+}
+
+pub fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+    let start: &[u8] = if start.is_empty() { &[0] } else { start };
+    if end.is_empty() {
+        key == start
+    } else if end == [0] {
+        key >= start
+    } else {
+        key >= start && key < end
+    }
+}
+
+pub fn ev_of(e: &etcd_client::Event) -> Ev {
+    let kv = e.kv().expect("event has a kv");
+    Ev {
+        rev: kv.mod_revision(),
+        key: kv.key().to_vec(),
+        value: kv.value().to_vec(),
+        delete: e.event_type() == EventType::Delete,
+        create_rev: kv.create_revision(),
+        version: kv.version(),
+        prev: e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
+    }
+}
+
+pub fn resp_of(r: &etcd_client::WatchResponse) -> Resp {
+    Resp {
+        header_rev: r.header().map_or(0, |h| h.revision()),
+        watch_id: r.watch_id(),
+        events: r.events().iter().map(ev_of).collect(),
+        created: r.created(),
+        canceled: r.canceled(),
+        compact_rev: r.compact_revision(),
+        cancel_reason: r.cancel_reason().to_owned(),
+    }
+}
+
+/// Reads responses until the watch has seen revision `until` (an event or a progress
+/// notification at or past it), it is canceled, or `limit` passes.
+pub async fn collect(stream: &mut WatchStream, rec: &mut Recorded, until: i64, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while rec.last_rev() < until && rec.canceled().is_none() && rec.error.is_none() {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Ok(Ok(Some(r))) => {
+                let r = resp_of(&r);
+                if r.created {
+                    rec.created_rev = r.header_rev;
+                }
+                rec.responses.push(r);
+            }
+            Ok(Ok(None)) => {
+                rec.error = Some("stream ended".into());
+            }
+            Ok(Err(e)) => rec.error = Some(e.to_string()),
+            Err(_) => break,
+        }
+    }
+}
+
+/// etcd's whole history from revision 1 (every key, with previous values), as etcd itself
+/// reports it.
+pub async fn history(client: &mut etcd_client::Client, until: i64) -> Vec<Ev> {
+    let mut s = client
+        .watch_client()
+        .max_decoding_message_size(1 << 30)
+        .watch(
+            "\0",
+            Some(WatchOptions::new().with_range("\0").with_start_revision(1).with_prev_key()),
+        )
+        .await
+        .expect("history watch");
+    let mut rec = Recorded { key: vec![0], range_end: vec![0], start_rev: 1, ..Default::default() };
+    collect(&mut s, &mut rec, until, Duration::from_secs(20)).await;
+    assert!(rec.canceled().is_none(), "history compacted: {:?}", rec.canceled());
+    assert!(
+        rec.last_rev() >= until,
+        "history incomplete: at {} of {until}: {:?}",
+        rec.last_rev(),
+        rec.error
+    );
+    rec.events().cloned().collect()
+}
+
+/// Checks one recorded watch against the history; returns the violations.
+pub fn check(history: &[Ev], w: &Recorded) -> Vec<String> {
+    let mut v = Vec::new();
+    let name = &w.name;
+    // Ordered and unique.
+    let mut last = 0i64;
+    let mut seen = HashSet::new();
+    for e in w.events() {
+        if e.rev < last {
+            v.push(format!("{name}: ordered: revision {} after {last}", e.rev));
+        }
+        last = last.max(e.rev);
+        if !seen.insert((e.rev, e.key.clone())) {
+            v.push(format!(
+                "{name}: unique: ({}, {:?}) twice",
+                e.rev,
+                String::from_utf8_lossy(&e.key)
+            ));
+        }
+        if !in_range(&e.key, &w.key, &w.range_end) {
+            v.push(format!(
+                "{name}: event for a key outside the watch: {:?}",
+                String::from_utf8_lossy(&e.key)
+            ));
+        }
+    }
+    // Bookmarkable: progress revisions never go down, never below an event received, and no
+    // later event is at or below one.
+    let mut max_event = 0i64;
+    let mut max_progress = 0i64;
+    for r in &w.responses {
+        if r.is_progress() {
+            if r.header_rev < max_progress {
+                v.push(format!(
+                    "{name}: bookmarkable: progress {} after progress {max_progress}",
+                    r.header_rev
+                ));
+            }
+            if r.header_rev < max_event {
+                v.push(format!(
+                    "{name}: bookmarkable: progress {} below event {max_event}",
+                    r.header_rev
+                ));
+            }
+            max_progress = max_progress.max(r.header_rev);
+        }
+        for e in &r.events {
+            if e.rev <= max_progress {
+                v.push(format!(
+                    "{name}: bookmarkable: event {} after progress {max_progress}",
+                    e.rev
+                ));
+            }
+            max_event = max_event.max(e.rev);
+        }
+    }
+    // Reliable and atomic against the history.
+    let first = if w.start_rev > 0 { w.start_rev } else { w.created_rev + 1 };
+    let compact = w.canceled().map_or(0, |c| c.compact_rev);
+    let upto = w.last_rev();
+    let want: Vec<&Ev> = history
+        .iter()
+        .filter(|e| e.rev >= first && e.rev <= upto && in_range(&e.key, &w.key, &w.range_end))
+        .filter(|e| if e.delete { !w.no_delete } else { !w.no_put })
+        .collect();
+    let got: Vec<&Ev> = w.events().collect();
+    if compact == 0 || !got.is_empty() {
+        let strip = |e: &Ev| Ev { prev: None, ..e.clone() };
+        let want_s: Vec<Ev> = want.iter().map(|e| strip(e)).collect();
+        let got_s: Vec<Ev> = got.iter().map(|e| strip(e)).collect();
+        if want_s != got_s {
+            let missing: Vec<i64> =
+                want_s.iter().filter(|e| !got_s.contains(e)).map(|e| e.rev).take(10).collect();
+            let extra: Vec<i64> =
+                got_s.iter().filter(|e| !want_s.contains(e)).map(|e| e.rev).take(10).collect();
+            v.push(format!(
+                "{name}: reliable: got {} events, etcd's history has {} in [{first}, {upto}]; missing revs {missing:?}, extra revs {extra:?}",
+                got_s.len(),
+                want_s.len()
+            ));
+        }
+    }
+    // Atomic: every revision's events arrive in one response.
+    let mut by_rev: BTreeMap<i64, usize> = BTreeMap::new();
+    for (i, r) in w.responses.iter().enumerate() {
+        for e in &r.events {
+            if let Some(&j) = by_rev.get(&e.rev) {
+                if j != i {
+                    v.push(format!(
+                        "{name}: atomic: revision {} split over responses {j} and {i}",
+                        e.rev
+                    ));
+                }
+            } else {
+                by_rev.insert(e.rev, i);
+            }
+        }
+    }
+    v
+}
+
+/// Checks that `prev_kv` is right for every event (against the history).
+pub fn check_prev_kv(history: &[Ev], w: &Recorded) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in w.events() {
+        let before = history.iter().rev().find(|h| h.key == e.key && h.rev < e.rev);
+        let want = before.filter(|h| !h.delete).map(|h| (h.value.clone(), h.rev));
+        if e.prev != want {
+            v.push(format!(
+                "{}: prev_kv of {:?}@{}: got {:?}, want {:?}",
+                w.name,
+                String::from_utf8_lossy(&e.key),
+                e.rev,
+                e.prev,
+                want
+            ));
+        }
+    }
+    v
+}

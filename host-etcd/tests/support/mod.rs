@@ -1,0 +1,156 @@
+//! Test fixtures: a real etcd started by the test on free loopback ports, a `watchcache` server
+//! in front of it, clients for both, etcd's own metrics, and the conformance checker.
+#![allow(dead_code, missing_docs)]
+
+pub mod conformance;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions};
+use host_etcd::{EmbeddedEtcd, EtcdOptions, ServeConfig, Server};
+
+/// A real etcd and a watchcache in front of it.
+pub struct Env {
+    pub etcd: EmbeddedEtcd,
+    pub server: Option<Server>,
+    pub cfg: ServeConfig,
+}
+
+/// The server configuration the tests use: free ports, prefix `/`, v1.34.
+pub fn test_config(etcd: &EmbeddedEtcd) -> ServeConfig {
+    let mut cfg = ServeConfig::default();
+    cfg.upstream.endpoints = vec![etcd.endpoint()];
+    cfg.listen_grpc = SocketAddr::from(([127, 0, 0, 1], 0));
+    cfg.listen_http = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    cfg
+}
+
+impl Env {
+    pub async fn start() -> Env {
+        Env::start_with(EtcdOptions::default(), |_| {}).await
+    }
+
+    pub async fn start_with(etcd_opts: EtcdOptions, f: impl FnOnce(&mut ServeConfig)) -> Env {
+        let etcd =
+            EmbeddedEtcd::start(etcd_opts).await.unwrap_or_else(|e| panic!("starting etcd: {e}"));
+        let mut cfg = test_config(&etcd);
+        f(&mut cfg);
+        let server =
+            Server::start(cfg.clone()).await.unwrap_or_else(|e| panic!("starting watchcache: {e}"));
+        assert!(server.wait_ready(Duration::from_secs(10)).await, "cache not ready");
+        Env { etcd, server: Some(server), cfg }
+    }
+
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().expect("server running")
+    }
+
+    pub fn grpc(&self) -> String {
+        self.server().grpc_addr().to_string()
+    }
+
+    pub fn http(&self) -> String {
+        format!("http://{}", self.server().http_addr().expect("http"))
+    }
+
+    /// A client of etcd itself.
+    pub async fn direct(&self) -> Client {
+        connect(&self.etcd.endpoint(), None).await
+    }
+
+    /// A client of the cache.
+    pub async fn cached(&self) -> Client {
+        connect(&self.grpc(), None).await
+    }
+
+    /// Waits until every cache has applied revision `rev`.
+    pub async fn wait_cache_rev(&self, rev: i64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in self.server().caches() {
+            while (c.status().rv as i64) < rev {
+                assert!(Instant::now() < deadline, "cache stuck at {} < {rev}", c.status().rv);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
+    /// etcd's current revision.
+    pub async fn etcd_rev(&self) -> i64 {
+        let mut c = self.direct().await;
+        c.get("\0", None).await.expect("get").header().expect("header").revision()
+    }
+
+    /// A series of etcd's own `/metrics` (summed over label sets matching `filter`).
+    pub async fn etcd_metric(&self, name: &str, filter: &str) -> f64 {
+        metric(&format!("http://{}/metrics", self.etcd.endpoint()), name, filter).await
+    }
+
+    /// A series of watchcache's `/metrics`.
+    pub async fn cache_metric(&self, name: &str, filter: &str) -> f64 {
+        metric(&format!("{}/metrics", self.http()), name, filter).await
+    }
+
+    pub async fn stop_server(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await;
+        }
+    }
+}
+
+pub async fn connect(endpoint: &str, opts: Option<ConnectOptions>) -> Client {
+    let mut last = None;
+    for _ in 0..50 {
+        match Client::connect([endpoint], opts.clone()).await {
+            Ok(c) => return c,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("connecting to {endpoint}: {last:?}");
+}
+
+/// Sums the samples of `name` whose label text contains `filter`.
+pub async fn metric(url: &str, name: &str, filter: &str) -> f64 {
+    let text = reqwest::get(url).await.expect("metrics").text().await.expect("metrics text");
+    let mut sum = 0.0;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let metric_name = series.split('{').next().unwrap_or("");
+        if metric_name == name && series.contains(filter) {
+            sum += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    sum
+}
+
+/// Runs etcdctl with the given endpoint and arguments; returns stdout (panics on failure).
+pub fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    let bin = host_etcd::etcd_launcher::find_binary("etcdctl")
+        .expect("etcdctl not found: run make setup-etcd");
+    let out = std::process::Command::new(bin)
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .output()
+        .expect("running etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Initialises tracing once (RUST_LOG controls it).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
