@@ -19,15 +19,16 @@ GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && ech
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python setup-rust setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host setup-rust setup-fuzz setup-python clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-run: ## replay an example scenario and print its trace
-	$(CARGO) run -q -p cacher-core --example replay -- scenarios/watch_too_old_rv_gets_410.json
+run: setup-etcd web ## build and start watchcache on an embedded etcd, write sample keys, serve the demo
+	$(CARGO) build -q --release -p host-etcd --bin watchcache
+	tools/run-demo.sh
 
-test: lint test-rust test-python test-wasm fuzz-smoke ## formatting, lints, every test, a short fuzz run
+test: lint test-rust test-python test-wasm test-web fuzz-smoke ## formatting, lints, every test (real etcd, Python, Node, Chromium), a short fuzz run
 	@echo "make test: all passed"
 
 lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency rule
@@ -74,6 +75,14 @@ bench-wasm: wasm ## replay of a 100 000-event scenario, wasm (Node) vs native (f
 
 bench: setup-rust ## criterion benchmarks of the core (figures in BENCHMARKS.md)
 	$(CARGO) bench -p cacher-core --bench core
+
+# Flags for bench_host (e.g. BENCH_HOST_ARGS=--quick for a smoke run; --help lists them).
+BENCH_HOST_ARGS ?=
+
+bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs etcd grpc-proxy vs watchcache (figures in BENCHMARKS.md)
+	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
+	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
+	  $(ROOT)/target/release/examples/bench_host $(BENCH_HOST_ARGS)
 
 setup-rust: setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }

@@ -1,0 +1,80 @@
+// Builds the static site into web-demo/dist: the page (src/), a copy of the wasm package
+// (bindings-wasm/pkg, web target), and a copy of every scenario (scenarios/*.json, golden
+// traces included) with a generated index. No bundler: the output is plain files that work
+// from any static server, offline. Fails loudly when an input is missing.
+import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const demo = join(here, "..");
+const root = join(demo, "..");
+const src = join(demo, "src");
+const pkg = join(root, "bindings-wasm", "pkg");
+const scenarios = join(root, "scenarios");
+const dist = process.argv[2] ?? join(demo, "dist");
+
+function need(path, what) {
+  if (!existsSync(path)) {
+    console.error(`build: ${what} is missing: ${path}`);
+    process.exit(1);
+  }
+}
+need(join(src, "index.html"), "the page");
+for (const f of ["watchcache.js", "watchcache_bg.wasm"]) need(join(pkg, f), `the wasm package (run \`make wasm\`)`);
+need(scenarios, "the scenarios");
+
+rmSync(dist, { recursive: true, force: true });
+mkdirSync(dist, { recursive: true });
+cpSync(src, dist, { recursive: true });
+mkdirSync(join(dist, "pkg"));
+for (const f of readdirSync(pkg)) {
+  if (f === ".gitignore" || f === "package.json") continue;
+  cpSync(join(pkg, f), join(dist, "pkg", f));
+}
+
+// Topics of the library, in the order the page lists them.
+const TOPICS = [
+  ["ring_", "Ring buffer"],
+  ["watch_", "Watch requests"],
+  ["watchlist_", "Watch-list (sendInitialEvents)"],
+  ["slow_watcher", "Slow watchers"],
+  ["bookmark", "Bookmarks"],
+  ["progress_", "Freshness and progress"],
+  ["read_waits", "Freshness and progress"],
+  ["ready_gate", "Ready gate and relists"],
+  ["relist", "Ready gate and relists"],
+  ["stopped_", "Ready gate and relists"],
+  ["list_", "Lists and gets"],
+  ["get_", "Lists and gets"],
+  ["snapshots_", "Lists and gets"],
+];
+const topicOf = (f) => (TOPICS.filter(([p]) => f.startsWith(p)).sort((a, b) => b[0].length - a[0].length)[0]?.[1]) ?? "Other";
+const ORDER = [...new Set(TOPICS.map(([, t]) => t)), "Other"];
+
+mkdirSync(join(dist, "scenarios"));
+const index = [];
+for (const f of readdirSync(scenarios).filter((f) => f.endsWith(".json")).sort()) {
+  const text = readFileSync(join(scenarios, f), "utf8");
+  let parsed;
+  try {
+    parsed = JSON.parse(text);
+  } catch (e) {
+    console.error(`build: scenarios/${f} is not JSON: ${e.message}`);
+    process.exit(1);
+  }
+  writeFileSync(join(dist, "scenarios", f), text);
+  if (f.endsWith(".trace.json")) continue;
+  index.push({
+    file: f,
+    name: parsed.name ?? f,
+    description: parsed.description ?? "",
+    profile: parsed.config?.profile ?? "v1.30",
+    steps: parsed.steps.length,
+    topic: topicOf(f),
+    trace: existsSync(join(scenarios, f.replace(/\.json$/, ".trace.json"))) ? f.replace(/\.json$/, ".trace.json") : null,
+  });
+}
+index.sort((a, b) => ORDER.indexOf(a.topic) - ORDER.indexOf(b.topic) || a.file.localeCompare(b.file));
+writeFileSync(join(dist, "scenarios", "index.json"), JSON.stringify(index, null, 1) + "\n");
+console.log(`build: ${dist} (${index.length} scenarios)`);

@@ -1,0 +1,34 @@
+# The web demo (included by the top Makefile, which defines ROOT and TOOLS).
+#   make web        build the static site into web-demo/dist (needs the wasm package)
+#   make test-web   browser tests in headless Chromium (playwright-core from npm)
+#   make serve-web  serve web-demo/dist on http://127.0.0.1:8081/
+WEB := $(ROOT)/web-demo
+WEB_DIST := $(WEB)/dist
+WEB_ARTIFACTS := $(ROOT)/artifacts/web
+CHROMIUM ?= /usr/bin/chromium
+WEB_PORT ?= 8081
+
+.PHONY: web test-web serve-web setup-web-node
+
+setup-web-node:
+	@command -v node >/dev/null || { echo "node not found: installing Debian's nodejs" >&2; apt-get install -y nodejs || { apt-get update && apt-get install -y nodejs; }; }
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' || \
+	  { echo "web-demo needs Node.js 20 or newer (found $$(node --version))" >&2; exit 1; }
+
+web: wasm setup-web-node ## build the teaching page into web-demo/dist (static files, works offline)
+	node $(WEB)/scripts/build.mjs $(WEB_DIST)
+
+# npm ci when node_modules is missing or older than the lock file (npm writes this marker).
+$(WEB)/node_modules/.package-lock.json: $(WEB)/package.json $(WEB)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: installing Debian's npm" >&2; apt-get install -y npm || { apt-get update && apt-get install -y npm; }; }
+	cd $(WEB) && npm ci --no-audit --no-fund
+	touch $@
+
+test-web: web setup-web-node $(WEB)/node_modules/.package-lock.json ## browser tests of the page in headless Chromium (screenshots in artifacts/web)
+	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) not found: installing Debian's chromium" >&2; apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }; }
+	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) is still missing after apt-get install chromium" >&2; exit 1; }
+	mkdir -p $(WEB_ARTIFACTS)
+	cd $(WEB) && CHROMIUM=$(CHROMIUM) WEB_DIST=$(WEB_DIST) ARTIFACTS=$(WEB_ARTIFACTS) node --test --test-concurrency=1 tests/
+
+serve-web: web setup-web-node ## serve web-demo/dist on http://127.0.0.1:8081/
+	node $(WEB)/scripts/serve.mjs $(WEB_DIST) $(WEB_PORT) 127.0.0.1
