@@ -35,6 +35,7 @@ lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p cacher-core --no-default-features -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q --no-deps -p cacher-core -p host-etcd
 	rustup target list --installed | grep -q '^wasm32-unknown-unknown$$' || rustup target add wasm32-unknown-unknown
 	$(CARGO) clippy -p watchcache-wasm -p cacher-core --target wasm32-unknown-unknown -- -D warnings
 	@if $(CARGO) tree -p cacher-core -e normal --prefix none | grep -E '^(tokio|pyo3|wasm-bindgen|js-sys|etcd-client|tonic) ' ; then \

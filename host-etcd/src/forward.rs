@@ -39,7 +39,9 @@ pub(crate) async fn forward(
     let Ok(upstream_req) = builder.body(tonic::body::Body::new(body)) else {
         return tonic::Status::invalid_argument("bad request").into_http();
     };
-    let mut channel = ctx.upstream.channel();
+    let Some(mut channel) = ctx.upstream.channel() else {
+        return tonic::Status::unimplemented("no raw channel to etcd").into_http();
+    };
     let resp = match channel.ready().await {
         Ok(ch) => ch.call(upstream_req).await,
         Err(e) => Err(e),

@@ -175,6 +175,24 @@ impl Decoder for WatchDecoder {
     }
 }
 
+/// A [`WatchOut`] as the client decodes it (for in-process clients of the session).
+pub fn decode_watch_out(out: WatchOut) -> Result<PbWatchResponse, prost::DecodeError> {
+    match out {
+        WatchOut::Msg(m) => Ok(*m),
+        WatchOut::Frame { header, watch_id, events, range } => {
+            let mut buf = BytesMut::new();
+            prost::encoding::message::encode(1, &header, &mut buf);
+            if watch_id != 0 {
+                prost::encoding::int64::encode(2, &watch_id, &mut buf);
+            }
+            for e in &events[range] {
+                buf.put_slice(&e.bytes);
+            }
+            PbWatchResponse::decode(buf.freeze())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

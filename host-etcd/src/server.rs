@@ -19,7 +19,7 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::auth::AuthChecker;
-use crate::cache::{new_cache, CacheHandle, CacheOptions, Cmd, StorageMsg};
+use crate::cache::{CacheHandle, CacheOptions, Cmd, StorageMsg};
 use crate::clock::Clock;
 use crate::metrics::HostMetrics;
 use crate::reflector::ReflectorOptions;
@@ -91,6 +91,15 @@ impl Default for ServeConfig {
     }
 }
 
+/// Settings of the watch sessions.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub progress_notify_interval: Duration,
+    pub rejoin_interval: Duration,
+    pub create_wait: Duration,
+    pub max_request_bytes: usize,
+}
+
 /// What request handlers share.
 pub(crate) struct Ctx {
     pub caches: Vec<CacheHandle>,
@@ -106,6 +115,28 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    pub fn new(
+        caches: Vec<CacheHandle>,
+        upstream: Upstream,
+        metrics: Arc<HostMetrics>,
+        auth: AuthChecker,
+        shutdown: watch::Receiver<bool>,
+        s: Settings,
+    ) -> Ctx {
+        Ctx {
+            caches,
+            upstream,
+            metrics,
+            auth,
+            shutdown,
+            progress_notify_interval: s.progress_notify_interval.max(Duration::from_millis(100)),
+            rejoin_interval: s.rejoin_interval.max(Duration::from_millis(10)),
+            create_wait: s.create_wait,
+            max_request_bytes: s.max_request_bytes,
+            compacted: AtomicU64::new(0),
+        }
+    }
+
     /// The cache whose prefix holds every key of `range` (the longest such prefix).
     pub fn cache_for(&self, range: &KeyRange) -> Option<usize> {
         self.caches
@@ -159,34 +190,28 @@ impl Server {
         let mut caches = Vec::new();
         let mut tasks = Vec::new();
         for prefix in &cfg.prefixes {
-            let (handle, task, ctl) =
-                new_cache(prefix, cfg.cache.clone(), clock, upstream.clone(), metrics.clone())?;
-            tasks.push(tokio::spawn(task.run()));
-            tasks.push(tokio::spawn(crate::reflector::run(
-                Arc::from(prefix.as_slice()),
-                upstream.clone(),
-                handle.tx.clone(),
-                ctl,
-                metrics.clone(),
+            let spawned = crate::library::spawn_cache(
+                prefix,
+                cfg.cache.clone(),
                 cfg.reflector.clone(),
+                clock,
+                &upstream,
+                &metrics,
                 shutdown_rx.clone(),
-            )));
-            caches.push(handle);
+            )?;
+            tasks.extend(spawned.tasks);
+            caches.push(spawned.handle);
         }
         let auth = AuthChecker::new(upstream.clone(), cfg.auth_cache_ttl, metrics.clone());
         auth.refresh().await;
-        let ctx = Arc::new(Ctx {
-            caches,
-            upstream,
-            metrics,
-            auth,
-            shutdown: shutdown_rx.clone(),
-            progress_notify_interval: cfg.progress_notify_interval.max(Duration::from_millis(100)),
-            rejoin_interval: cfg.rejoin_interval.max(Duration::from_millis(10)),
+        let settings = Settings {
+            progress_notify_interval: cfg.progress_notify_interval,
+            rejoin_interval: cfg.rejoin_interval,
             create_wait: cfg.create_wait,
             max_request_bytes: cfg.max_request_bytes,
-            compacted: AtomicU64::new(0),
-        });
+        };
+        let ctx =
+            Arc::new(Ctx::new(caches, upstream, metrics, auth, shutdown_rx.clone(), settings));
         {
             let ctx = ctx.clone();
             let mut stop = shutdown_rx.clone();

@@ -1,11 +1,13 @@
 //! The connection to etcd: an authenticated `etcd_client::Client` for the cache's own list,
-//! watch, progress requests and quorum reads; and a raw gRPC channel that forwards clients'
-//! requests with their own metadata (so etcd, not the cache, checks their credentials).
+//! watch, progress requests and quorum reads; and, in the server, a raw gRPC channel that
+//! forwards clients' requests with their own metadata (so etcd, not the cache, checks their
+//! credentials). A library cache built from an existing `etcd_client::Client` has no raw
+//! channel: its watches that etcd must serve go through that client.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::proto::PbResponseHeader;
+use etcd_client::proto::{PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
@@ -39,7 +41,7 @@ pub struct UpstreamConfig {
 pub struct Upstream {
     /// The cache's own client (authenticated as the configured user).
     pub client: etcd_client::Client,
-    channel: Channel,
+    channel: Option<Channel>,
     header: Arc<Mutex<PbResponseHeader>>,
     /// Whether etcd has auth enabled (so cached reads check the client's permissions).
     pub auth: bool,
@@ -104,10 +106,84 @@ impl Upstream {
         }
         Ok(Upstream {
             client,
-            channel,
+            channel: Some(channel),
             header: Arc::new(Mutex::new(header)),
             auth: cfg.user.is_some(),
         })
+    }
+
+    /// Wraps an existing client (a library cache): no raw channel, so no forwarding of other
+    /// clients' calls; etcd's cluster and member ids come from a status call.
+    pub async fn from_client(mut client: etcd_client::Client) -> Result<Upstream, String> {
+        let status = client.status().await.map_err(|e| format!("etcd status: {e}"))?;
+        let mut header = PbResponseHeader::default();
+        if let Some(h) = status.header() {
+            header.cluster_id = h.cluster_id();
+            header.member_id = h.member_id();
+            header.raft_term = h.raft_term();
+            header.revision = h.revision();
+        }
+        Ok(Upstream { client, channel: None, header: Arc::new(Mutex::new(header)), auth: false })
+    }
+
+    /// Opens a watch on etcd for `create` (a create request), with the client's metadata when
+    /// forwarding, or through the cache's own client in a library cache.
+    pub(crate) async fn open_watch(
+        &self,
+        metadata: &MetadataMap,
+        create: PbWatchRequest,
+    ) -> Result<(UpWatchTx, UpWatchRx), Status> {
+        if self.channel.is_some() {
+            let (tx, rx) = self
+                .streaming::<PbWatchRequest, PbWatchResponse>(
+                    "/etcdserverpb.Watch/Watch",
+                    metadata,
+                    16,
+                    create,
+                )
+                .await?;
+            return Ok((UpWatchTx::Raw(tx), UpWatchRx::Raw(rx)));
+        }
+        let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union else {
+            return Err(Status::invalid_argument("not a create request"));
+        };
+        let mut o = etcd_client::WatchOptions::new().with_start_revision(c.start_revision);
+        if !c.range_end.is_empty() {
+            o = o.with_range(c.range_end.clone());
+        }
+        if c.prev_kv {
+            o = o.with_prev_key();
+        }
+        if c.progress_notify {
+            o = o.with_progress_notify();
+        }
+        if c.fragment {
+            o = o.with_fragment();
+        }
+        let filters: Vec<etcd_client::WatchFilterType> = c
+            .filters
+            .iter()
+            .filter_map(|f| match *f {
+                0 => Some(etcd_client::WatchFilterType::NoPut),
+                1 => Some(etcd_client::WatchFilterType::NoDelete),
+                _ => None,
+            })
+            .collect();
+        if !filters.is_empty() {
+            o = o.with_filters(filters);
+        }
+        let stream = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(256 << 20)
+            .watch(c.key.clone(), Some(o))
+            .await
+            .map_err(|e| match e {
+                etcd_client::Error::GRpcStatus(s) => s,
+                other => Status::unavailable(other.to_string()),
+            })?;
+        let (tx, rx) = stream.split();
+        Ok((UpWatchTx::Client(tx), UpWatchRx::Client(rx)))
     }
 
     /// A response header for `revision` with etcd's cluster and member ids.
@@ -137,9 +213,15 @@ impl Upstream {
         Ok(h.revision().max(0) as u64)
     }
 
-    /// The raw channel (for the transparent forwarder).
-    pub fn channel(&self) -> Channel {
+    /// The raw channel (for the transparent forwarder); `None` in a library cache.
+    pub fn channel(&self) -> Option<Channel> {
         self.channel.clone()
+    }
+
+    fn raw(&self) -> Result<Channel, Status> {
+        self.channel
+            .clone()
+            .ok_or_else(|| Status::unimplemented("no raw channel to etcd in a library cache"))
     }
 
     /// Forwards a unary call to etcd with the client's metadata.
@@ -153,7 +235,7 @@ impl Upstream {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let mut grpc = tonic::client::Grpc::new(self.raw()?);
         grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
         let req = with_metadata(metadata, message);
         grpc.unary(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
@@ -174,7 +256,7 @@ impl Upstream {
     {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         tx.try_send(first).map_err(|_| Status::internal("stream buffer"))?;
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let mut grpc = tonic::client::Grpc::new(self.raw()?);
         grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
         let req = with_metadata(metadata, ReceiverStream::new(rx));
         let resp = grpc
@@ -206,4 +288,45 @@ fn with_metadata<T>(md: &MetadataMap, message: T) -> Request<T> {
     let mut req = Request::new(message);
     *req.metadata_mut() = forwardable(md);
     req
+}
+
+/// The sending half of a watch on etcd.
+pub(crate) enum UpWatchTx {
+    Raw(mpsc::Sender<PbWatchRequest>),
+    Client(etcd_client::WatchRequestSender),
+}
+
+impl UpWatchTx {
+    /// Asks etcd for the stream's progress.
+    pub(crate) async fn request_progress(&mut self) -> Result<(), ()> {
+        match self {
+            UpWatchTx::Raw(tx) => {
+                let req = PbWatchRequest {
+                    request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+                };
+                tx.send(req).await.map_err(|_| ())
+            }
+            UpWatchTx::Client(tx) => tx.request_progress().await.map_err(|_| ()),
+        }
+    }
+}
+
+/// The receiving half of a watch on etcd.
+pub(crate) enum UpWatchRx {
+    Raw(Streaming<PbWatchResponse>),
+    Client(etcd_client::WatchResponseStream),
+}
+
+impl UpWatchRx {
+    /// The next response (`None`: the stream ended).
+    pub(crate) async fn message(&mut self) -> Result<Option<PbWatchResponse>, Status> {
+        match self {
+            UpWatchRx::Raw(rx) => rx.message().await,
+            UpWatchRx::Client(rx) => match rx.message().await {
+                Ok(r) => Ok(r.map(|r| r.0)),
+                Err(etcd_client::Error::GRpcStatus(s)) => Err(s),
+                Err(e) => Err(Status::unavailable(e.to_string())),
+            },
+        }
+    }
 }

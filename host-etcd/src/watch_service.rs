@@ -136,9 +136,12 @@ struct PendingProgress {
     /// Some watch was not caught up.
     behind: bool,
     token: u64,
+    /// When the query was sent (etcd drops a progress request while a watcher on the stream is
+    /// still catching up, so unanswered queries are sent again).
+    sent: tokio::time::Instant,
 }
 
-struct Session {
+pub(crate) struct Session {
     ctx: Arc<Ctx>,
     md: MetadataMap,
     out: mpsc::Sender<Result<WatchOut, Status>>,
@@ -162,7 +165,11 @@ enum Flow {
 }
 
 impl Session {
-    fn new(ctx: Arc<Ctx>, md: MetadataMap, out: mpsc::Sender<Result<WatchOut, Status>>) -> Session {
+    pub(crate) fn new(
+        ctx: Arc<Ctx>,
+        md: MetadataMap,
+        out: mpsc::Sender<Result<WatchOut, Status>>,
+    ) -> Session {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Session {
             ctx,
@@ -182,7 +189,12 @@ impl Session {
         }
     }
 
-    async fn run(mut self, mut inbound: Streaming<PbWatchRequest>) {
+    /// Serves one stream of watch requests until it ends, the client goes away, or the server
+    /// shuts down.
+    pub(crate) async fn run<S>(mut self, mut inbound: S)
+    where
+        S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin + Send,
+    {
         self.ctx.metrics.grpc_stream(1);
         let mut shutdown = self.ctx.shutdown.clone();
         let period = self.ctx.progress_notify_interval;
@@ -195,10 +207,10 @@ impl Session {
                     let _ = self.out.send(Err(Status::unavailable("watchcache is shutting down"))).await;
                     Flow::Stop
                 }
-                m = inbound.message() => match m {
-                    Ok(Some(req)) => self.on_request(req).await,
-                    Ok(None) => Flow::Stop,
-                    Err(e) => {
+                m = futures::StreamExt::next(&mut inbound) => match m {
+                    Some(Ok(req)) => self.on_request(req).await,
+                    None => Flow::Stop,
+                    Some(Err(e)) => {
                         // A request etcd could not read ends the stream with etcd's error (a
                         // client that went away never sees it).
                         debug!(error = %e, "watch stream ended");
@@ -443,7 +455,16 @@ impl Session {
         }
         let min =
             if caches.is_empty() && upstreams.is_empty() { self.current_rev() } else { u64::MAX };
-        self.progress = Some(PendingProgress { caches, upstreams, min, behind: waiting, token });
+        if !upstreams.is_empty() {
+            let tx = self.events_tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let _ = tx.send(SessionEvent::ProgressRetry);
+            });
+        }
+        let sent = tokio::time::Instant::now();
+        self.progress =
+            Some(PendingProgress { caches, upstreams, min, behind: waiting, token, sent });
     }
 
     /// Sends the progress answer once every source has answered, if it keeps the guarantees;
@@ -543,6 +564,13 @@ impl Session {
                 self.resume(id).await
             }
             SessionEvent::ProgressRetry => {
+                let stale = self
+                    .progress
+                    .as_ref()
+                    .is_some_and(|p| p.sent.elapsed() >= Duration::from_millis(200));
+                if stale {
+                    self.progress = None;
+                }
                 if self.progress_wanted && self.progress.is_none() {
                     self.start_progress_query();
                     return self.maybe_answer_progress().await;
@@ -987,11 +1015,7 @@ async fn relay(
     mut ctl: mpsc::UnboundedReceiver<RelayCtl>,
     rejoinable: bool,
 ) {
-    let opened = ctx
-        .upstream
-        .streaming::<PbWatchRequest, PbWatchResponse>("/etcdserverpb.Watch/Watch", &md, 16, create)
-        .await;
-    let (tx, mut stream) = match opened {
+    let (mut tx, mut stream) = match ctx.upstream.open_watch(&md, create).await {
         Ok(x) => x,
         Err(s) => {
             let _ = created.send(Err(s));
@@ -1021,8 +1045,7 @@ async fn relay(
         tokio::select! {
             c = ctl.recv() => match c {
                 Some(RelayCtl::Progress) => {
-                    let req = PbWatchRequest { request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())) };
-                    if tx.send(req).await.is_err() {
+                    if tx.request_progress().await.is_err() {
                         let _ = sink.send(SessionEvent::Upstream { tag, generation, resp: None });
                         return;
                     }
@@ -1030,8 +1053,7 @@ async fn relay(
                 None => return,
             },
             _ = tick.tick(), if rejoinable => {
-                let req = PbWatchRequest { request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())) };
-                if tx.send(req).await.is_err() {
+                if tx.request_progress().await.is_err() {
                     let _ = sink.send(SessionEvent::Upstream { tag, generation, resp: None });
                     return;
                 }

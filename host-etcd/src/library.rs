@@ -1,0 +1,693 @@
+//! The cache as a library: an in-process etcd watch cache for Rust programs (controllers,
+//! service registries, config watchers), the way Go programs use etcd's `cache` package —
+//! without a separate server. The `watchcache` server builds its caches the same way.
+//!
+//! etcd counterpart: `go.etcd.io/etcd/cache` (`cache.go`: `New`, `Watch`, `Get`, `WaitReady`,
+//! `RequestProgress`, `Close`); Kubernetes counterpart: the cacher in front of the etcd3 store.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cacher_core::{KeyRange, RangeOutcome, RangeRequest};
+use etcd_client::proto::{PbRangeResponse, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use crate::auth::AuthChecker;
+use crate::cache::{new_cache, CacheHandle, CacheOptions, CacheStatus};
+use crate::clock::Clock;
+use crate::metrics::{CacheSample, HostMetrics};
+use crate::proto::{decode_watch_out, key_value, FILTER_NODELETE, FILTER_NOPUT};
+use crate::reflector::ReflectorOptions;
+use crate::server::{Ctx, Settings};
+use crate::upstream::Upstream;
+use crate::watch_service::Session;
+
+/// Which keys a watch or get selects (etcd's key and range-end conventions, spelled out).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// One key.
+    Key(Vec<u8>),
+    /// Every key starting with the prefix (`""`: every key).
+    Prefix(Vec<u8>),
+    /// The keys in `[start, end)`.
+    Range(Vec<u8>, Vec<u8>),
+    /// Every key from this one on.
+    FromKey(Vec<u8>),
+}
+
+impl Keys {
+    /// One key.
+    pub fn key(k: impl Into<Vec<u8>>) -> Keys {
+        Keys::Key(k.into())
+    }
+
+    /// A prefix.
+    pub fn prefix(p: impl Into<Vec<u8>>) -> Keys {
+        Keys::Prefix(p.into())
+    }
+
+    /// A range `[start, end)`.
+    pub fn range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> Keys {
+        Keys::Range(start.into(), end.into())
+    }
+
+    /// Every key from `k` on.
+    pub fn from_key(k: impl Into<Vec<u8>>) -> Keys {
+        Keys::FromKey(k.into())
+    }
+
+    /// etcd's `key` and `range_end` for these keys.
+    pub fn etcd(&self) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            Keys::Key(k) => (k.clone(), Vec::new()),
+            Keys::Prefix(p) if p.is_empty() => (vec![0], vec![0]),
+            Keys::Prefix(p) => (p.clone(), cacher_core::prefix_end(p).unwrap_or_else(|| vec![0])),
+            Keys::Range(s, e) => (s.clone(), e.clone()),
+            Keys::FromKey(k) => (k.clone(), vec![0]),
+        }
+    }
+
+    fn key_range(&self) -> Result<KeyRange, Error> {
+        let (k, e) = self.etcd();
+        KeyRange::etcd(&k, &e).map_err(|s| Error::InvalidRequest(s.message))
+    }
+}
+
+/// Options of [`Cache::watch`].
+#[derive(Clone, Debug, Default)]
+pub struct WatchOptions {
+    start_revision: i64,
+    prev_kv: bool,
+    progress_notify: bool,
+    no_put: bool,
+    no_delete: bool,
+}
+
+impl WatchOptions {
+    /// Defaults: from now, no previous values, no progress notifications, no filters.
+    pub fn new() -> WatchOptions {
+        WatchOptions::default()
+    }
+
+    /// Events from this revision on (inclusive; 0 = from now). Revisions older than the cache's
+    /// window are served by etcd, transparently; compacted ones end the stream with
+    /// [`Error::Compacted`].
+    pub fn with_start_revision(mut self, rev: i64) -> WatchOptions {
+        self.start_revision = rev;
+        self
+    }
+
+    /// Each event carries the key's previous value.
+    pub fn with_prev_kv(mut self) -> WatchOptions {
+        self.prev_kv = true;
+        self
+    }
+
+    /// Idle watches get a progress notification now and then (see
+    /// [`CacheConfig::progress_notify_interval`]).
+    pub fn with_progress_notify(mut self) -> WatchOptions {
+        self.progress_notify = true;
+        self
+    }
+
+    /// Leave out puts.
+    pub fn with_no_put(mut self) -> WatchOptions {
+        self.no_put = true;
+        self
+    }
+
+    /// Leave out deletes.
+    pub fn with_no_delete(mut self) -> WatchOptions {
+        self.no_delete = true;
+        self
+    }
+}
+
+/// Options of [`Cache::get`].
+#[derive(Clone, Debug, Default)]
+pub struct GetOptions {
+    revision: i64,
+    serializable: bool,
+    limit: i64,
+    keys_only: bool,
+    count_only: bool,
+}
+
+impl GetOptions {
+    /// Defaults, as etcd's: the latest state, consistent (linearizable), no limit.
+    pub fn new() -> GetOptions {
+        GetOptions::default()
+    }
+
+    /// The state at this revision (0 = latest): from the cache's snapshots while it holds
+    /// them, else from etcd.
+    pub fn with_revision(mut self, rev: i64) -> GetOptions {
+        self.revision = rev;
+        self
+    }
+
+    /// Whatever the cache holds now, without asking etcd how current that is.
+    pub fn with_serializable(mut self) -> GetOptions {
+        self.serializable = true;
+        self
+    }
+
+    /// At most this many keys (`more` says whether there are others).
+    pub fn with_limit(mut self, limit: i64) -> GetOptions {
+        self.limit = limit;
+        self
+    }
+
+    /// Keys without values.
+    pub fn with_keys_only(mut self) -> GetOptions {
+        self.keys_only = true;
+        self
+    }
+
+    /// Only the count.
+    pub fn with_count_only(mut self) -> GetOptions {
+        self.count_only = true;
+        self
+    }
+}
+
+/// Errors of the library.
+#[derive(Debug)]
+pub enum Error {
+    /// The keys are not under the cache's prefix.
+    OutsidePrefix {
+        /// The keys asked for, for display.
+        keys: String,
+        /// The cache's prefix, for display.
+        prefix: String,
+    },
+    /// A malformed request (an empty range, a negative revision, ...).
+    InvalidRequest(String),
+    /// The watch's revision has been compacted by etcd (the stream ends).
+    Compacted {
+        /// etcd's compaction revision.
+        compact_revision: i64,
+    },
+    /// etcd ended the watch for another reason (the stream ends).
+    Canceled(String),
+    /// etcd answered with an error.
+    Etcd(etcd_client::Error),
+    /// The cache or etcd cannot be reached (closed, shutting down, etcd down).
+    Unavailable(String),
+    /// The cache did not become ready in time.
+    NotReady(Duration),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutsidePrefix { keys, prefix } => {
+                write!(f, "{keys} is outside the cache's prefix {prefix:?}")
+            }
+            Error::InvalidRequest(m) => write!(f, "invalid request: {m}"),
+            Error::Compacted { compact_revision } => {
+                write!(
+                    f,
+                    "the watch's revision has been compacted (compact revision {compact_revision})"
+                )
+            }
+            Error::Canceled(m) => write!(f, "etcd canceled the watch: {m}"),
+            Error::Etcd(e) => write!(f, "etcd: {e}"),
+            Error::Unavailable(m) => write!(f, "unavailable: {m}"),
+            Error::NotReady(d) => write!(f, "the cache was not ready within {d:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Etcd(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// How a [`Cache`] is set up.
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// The core's configuration and the per-watcher flow settings.
+    pub cache: CacheOptions,
+    /// The reflector's list and watch settings.
+    pub reflector: ReflectorOptions,
+    /// How often idle watches that asked for it get a progress notification (etcd: 10 min).
+    pub progress_notify_interval: Duration,
+    /// How often a watch served by etcd checks whether it can move back onto the cache.
+    pub rejoin_interval: Duration,
+    /// How long a new watch waits for a cache that is (re)initialising before going to etcd.
+    pub create_wait: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            cache: CacheOptions {
+                core: cacher_core::Config::for_profile(cacher_core::Profile::V1_34),
+                ..CacheOptions::default()
+            },
+            reflector: ReflectorOptions::default(),
+            progress_notify_interval: Duration::from_secs(600),
+            rejoin_interval: Duration::from_secs(1),
+            create_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One prefix's cache task and reflector, started together.
+pub(crate) struct Spawned {
+    pub handle: CacheHandle,
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// Starts a cache task and its reflector for `prefix`.
+pub(crate) fn spawn_cache(
+    prefix: &[u8],
+    options: CacheOptions,
+    reflector: ReflectorOptions,
+    clock: Clock,
+    upstream: &Upstream,
+    metrics: &Arc<HostMetrics>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Spawned, String> {
+    let (handle, task, ctl) = new_cache(prefix, options, clock, upstream.clone(), metrics.clone())?;
+    let tasks = vec![
+        tokio::spawn(task.run()),
+        tokio::spawn(crate::reflector::run(
+            Arc::from(prefix),
+            upstream.clone(),
+            handle.tx.clone(),
+            ctl,
+            metrics.clone(),
+            reflector,
+            shutdown,
+        )),
+    ];
+    Ok(Spawned { handle, tasks })
+}
+
+/// An in-process etcd watch cache of one key prefix.
+///
+/// It lists the prefix once, watches it with one etcd watch, and serves watches and reads from
+/// memory with etcd's semantics; what it cannot serve it asks etcd for, transparently. Dropping
+/// it (or [`Cache::close`]) stops it; open watch streams then end.
+pub struct Cache {
+    ctx: Arc<Ctx>,
+    prefix: Vec<u8>,
+    streams: std::sync::Mutex<Vec<mpsc::WeakSender<Result<PbWatchRequest, Status>>>>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache").field("prefix", &String::from_utf8_lossy(&self.prefix)).finish()
+    }
+}
+
+impl Cache {
+    /// A cache of `prefix` fed through `client`, with the default configuration (Kubernetes
+    /// v1.34 profile). Returns at once; see [`Cache::wait_ready`].
+    pub async fn new(
+        client: etcd_client::Client,
+        prefix: impl Into<Vec<u8>>,
+    ) -> Result<Cache, Error> {
+        Cache::with_config(client, prefix, CacheConfig::default()).await
+    }
+
+    /// A cache of `prefix` with the given configuration.
+    pub async fn with_config(
+        client: etcd_client::Client,
+        prefix: impl Into<Vec<u8>>,
+        config: CacheConfig,
+    ) -> Result<Cache, Error> {
+        let upstream = Upstream::from_client(client).await.map_err(Error::Unavailable)?;
+        Cache::start(upstream, prefix.into(), config).await
+    }
+
+    /// Connects to etcd at `endpoints` and caches `prefix`.
+    pub async fn connect<E: AsRef<str>>(
+        endpoints: &[E],
+        options: Option<etcd_client::ConnectOptions>,
+        prefix: impl Into<Vec<u8>>,
+    ) -> Result<Cache, Error> {
+        let client = etcd_client::Client::connect(endpoints, options).await.map_err(Error::Etcd)?;
+        Cache::new(client, prefix).await
+    }
+
+    async fn start(
+        upstream: Upstream,
+        prefix: Vec<u8>,
+        config: CacheConfig,
+    ) -> Result<Cache, Error> {
+        config
+            .cache
+            .core
+            .validate()
+            .map_err(|e| Error::InvalidRequest(format!("{}: {}", e.field, e.message)))?;
+        let metrics = Arc::new(HostMetrics::default());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let spawned = spawn_cache(
+            &prefix,
+            config.cache.clone(),
+            config.reflector.clone(),
+            Clock::new(),
+            &upstream,
+            &metrics,
+            shutdown_rx.clone(),
+        )
+        .map_err(Error::InvalidRequest)?;
+        let auth = AuthChecker::new(upstream.clone(), Duration::from_secs(5), metrics.clone());
+        let settings = Settings {
+            progress_notify_interval: config.progress_notify_interval,
+            rejoin_interval: config.rejoin_interval,
+            create_wait: config.create_wait,
+            max_request_bytes: usize::MAX,
+        };
+        let ctx = Arc::new(Ctx::new(
+            vec![spawned.handle],
+            upstream,
+            metrics,
+            auth,
+            shutdown_rx,
+            settings,
+        ));
+        Ok(Cache {
+            ctx,
+            prefix,
+            streams: std::sync::Mutex::new(Vec::new()),
+            shutdown,
+            tasks: spawned.tasks,
+        })
+    }
+
+    fn handle(&self) -> &CacheHandle {
+        &self.ctx.caches[0]
+    }
+
+    /// The cached prefix.
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// Whether the cache has listed the prefix and serves from memory.
+    pub fn ready(&self) -> bool {
+        self.handle().status().ready
+    }
+
+    /// Waits until the cache is ready, at most `limit`.
+    pub async fn wait_ready(&self, limit: Duration) -> Result<(), Error> {
+        if self.handle().wait_ready(limit).await {
+            Ok(())
+        } else {
+            Err(Error::NotReady(limit))
+        }
+    }
+
+    /// Revision, window, store size, watchers: what the cache is now.
+    pub fn status(&self) -> CacheStatus {
+        self.handle().status()
+    }
+
+    /// The core's metrics (the Kubernetes watch-cache counters) and the watchers' lag.
+    pub async fn metrics(&self) -> Option<CacheSample> {
+        self.handle().sample().await
+    }
+
+    /// The whole state as JSON (window, store, snapshots, each watcher and its lag).
+    pub async fn debug_state(&self) -> serde_json::Value {
+        self.handle().debug_state().await
+    }
+
+    /// Watches open on etcd right now: the cache's own, plus any watch that etcd serves
+    /// because it started before the cache's window.
+    pub fn upstream_watches(&self) -> i64 {
+        self.ctx.metrics.upstream_watches()
+    }
+
+    /// Requests sent to etcd so far, by kind (`list`, `watch`, `quorum_read`, `range`, ...).
+    pub fn upstream_requests(&self, kind: &str) -> u64 {
+        self.ctx.metrics.upstream_requests(kind)
+    }
+
+    fn check_prefix(&self, keys: &Keys) -> Result<KeyRange, Error> {
+        let range = keys.key_range()?;
+        if !self.handle().covers(&range) {
+            return Err(Error::OutsidePrefix {
+                keys: format!("{keys:?}"),
+                prefix: String::from_utf8_lossy(&self.prefix).into_owned(),
+            });
+        }
+        Ok(range)
+    }
+
+    /// Watches `keys` with etcd's semantics: the stream yields etcd's `WatchResponse`s
+    /// (whole revisions per response, `prev_kv` when asked, progress notifications when asked
+    /// and after [`WatchStream::request_progress`]); a compacted start revision ends it with
+    /// [`Error::Compacted`].
+    pub async fn watch(&self, keys: Keys, options: WatchOptions) -> Result<WatchStream, Error> {
+        self.check_prefix(&keys)?;
+        let (key, range_end) = keys.etcd();
+        let mut create = PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+        };
+        if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
+            c.key = key;
+            c.range_end = range_end;
+            c.start_revision = options.start_revision;
+            c.prev_kv = options.prev_kv;
+            c.progress_notify = options.progress_notify;
+            if options.no_put {
+                c.filters.push(FILTER_NOPUT);
+            }
+            if options.no_delete {
+                c.filters.push(FILTER_NODELETE);
+            }
+        }
+        let (req_tx, req_rx) = mpsc::channel::<Result<PbWatchRequest, Status>>(8);
+        let (out_tx, mut out_rx) = mpsc::channel(16);
+        let session = Session::new(self.ctx.clone(), MetadataMap::new(), out_tx);
+        tokio::spawn(session.run(tokio_stream::wrappers::ReceiverStream::new(req_rx)));
+        req_tx
+            .send(Ok(create))
+            .await
+            .map_err(|_| Error::Unavailable("the cache is closed".into()))?;
+        let created = match out_rx.recv().await {
+            Some(Ok(out)) => {
+                decode_watch_out(out).map_err(|e| Error::Unavailable(e.to_string()))?
+            }
+            Some(Err(s)) => return Err(Error::Unavailable(s.message().to_owned())),
+            None => return Err(Error::Unavailable("the cache is closed".into())),
+        };
+        if created.canceled {
+            return Err(cancel_error(&created));
+        }
+        if let Ok(mut v) = self.streams.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(req_tx.downgrade());
+        }
+        Ok(WatchStream { req_tx, out: out_rx, watch_id: created.watch_id, done: false })
+    }
+
+    /// Reads `keys` as etcd's `Range` would: from the cache when it can answer exactly (a
+    /// serializable read, a read at a revision it still holds, or a consistent read once it
+    /// has caught up with etcd's current revision, which costs one count-only quorum read);
+    /// otherwise from etcd.
+    pub async fn get(
+        &self,
+        keys: Keys,
+        options: GetOptions,
+    ) -> Result<etcd_client::GetResponse, Error> {
+        let range = self.check_prefix(&keys)?;
+        if options.revision < 0 || options.limit < 0 {
+            return self.get_from_etcd(&keys, &options).await;
+        }
+        let revision = options.revision as u64;
+        let handle = self.handle();
+        if handle.status().ready && (revision == 0 || revision > self.ctx.compacted()) {
+            let req = RangeRequest {
+                range,
+                revision,
+                linearizable: !options.serializable,
+                limit: options.limit as u64,
+            };
+            if let Ok(RangeOutcome::Cache(read)) = handle.range(req).await {
+                self.ctx.metrics.count_range(true);
+                let kvs = if options.count_only {
+                    Vec::new()
+                } else {
+                    read.items
+                        .iter()
+                        .map(|o| {
+                            let mut kv = key_value(o);
+                            if options.keys_only {
+                                kv.value.clear();
+                                kv.lease = 0;
+                            }
+                            kv
+                        })
+                        .collect()
+                };
+                let resp = PbRangeResponse {
+                    header: Some(self.ctx.upstream.header(read.header_rv as i64)),
+                    kvs,
+                    more: read.more && !options.count_only,
+                    count: read.count as i64,
+                };
+                return Ok(etcd_client::GetResponse(resp));
+            }
+        }
+        self.get_from_etcd(&keys, &options).await
+    }
+
+    async fn get_from_etcd(
+        &self,
+        keys: &Keys,
+        o: &GetOptions,
+    ) -> Result<etcd_client::GetResponse, Error> {
+        self.ctx.metrics.count_range(false);
+        self.ctx.metrics.count_upstream_request("range");
+        let (key, end) = keys.etcd();
+        let mut g = etcd_client::GetOptions::new().with_revision(o.revision).with_limit(o.limit);
+        if !end.is_empty() {
+            g = g.with_range(end);
+        }
+        if o.serializable {
+            g = g.with_serializable();
+        }
+        if o.keys_only {
+            g = g.with_keys_only();
+        }
+        if o.count_only {
+            g = g.with_count_only();
+        }
+        self.ctx.upstream.client.kv_client().get(key, Some(g)).await.map_err(Error::Etcd)
+    }
+
+    /// Asks every open watch stream for a progress notification (see
+    /// [`WatchStream::request_progress`]).
+    pub async fn request_progress(&self) {
+        let senders: Vec<_> = self
+            .streams
+            .lock()
+            .map(|v| v.iter().filter_map(|w| w.upgrade()).collect())
+            .unwrap_or_default();
+        for tx in senders {
+            let req = PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+            };
+            let _ = tx.send(Ok(req)).await;
+        }
+    }
+
+    /// Stops the cache: the reflector's watch on etcd ends (awaited), open watch streams end,
+    /// and the cache's task ends once the last handle to it is gone.
+    pub async fn close(mut self) {
+        let _ = self.shutdown.send(true);
+        let tasks = std::mem::take(&mut self.tasks);
+        drop(self);
+        // The reflector (second) stops on the signal; the cache task (first) when its inbox
+        // closes, which the sessions' ends and this drop bring about.
+        for t in tasks.into_iter().rev() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+fn cancel_error(r: &PbWatchResponse) -> Error {
+    if r.compact_revision > 0 {
+        Error::Compacted { compact_revision: r.compact_revision }
+    } else {
+        Error::Canceled(r.cancel_reason.clone())
+    }
+}
+
+/// A watch: a `futures::Stream` of etcd's `WatchResponse`s. Dropping it cancels the watch.
+pub struct WatchStream {
+    req_tx: mpsc::Sender<Result<PbWatchRequest, Status>>,
+    out: mpsc::Receiver<Result<crate::proto::WatchOut, Status>>,
+    watch_id: i64,
+    done: bool,
+}
+
+impl fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchStream")
+            .field("watch_id", &self.watch_id)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl WatchStream {
+    /// The watch's id (as etcd would number it on a fresh stream).
+    pub fn watch_id(&self) -> i64 {
+        self.watch_id
+    }
+
+    /// Asks for a progress notification: a response with no events whose header revision
+    /// says that every event up to it has been delivered (watch id -1, as etcd sends it). It
+    /// comes once everything before it has been delivered.
+    pub async fn request_progress(&self) -> Result<(), Error> {
+        let req = PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+        };
+        self.req_tx
+            .send(Ok(req))
+            .await
+            .map_err(|_| Error::Unavailable("the watch has ended".into()))
+    }
+
+    /// The next response (`None` when the watch has ended).
+    pub async fn message(&mut self) -> Option<Result<etcd_client::WatchResponse, Error>> {
+        futures::StreamExt::next(self).await
+    }
+}
+
+impl futures::Stream for WatchStream {
+    type Item = Result<etcd_client::WatchResponse, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.out.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(Some(Err(Error::Unavailable("the cache is closed".into()))))
+            }
+            Poll::Ready(Some(Err(s))) => {
+                self.done = true;
+                Poll::Ready(Some(Err(Error::Unavailable(s.message().to_owned()))))
+            }
+            Poll::Ready(Some(Ok(out))) => match decode_watch_out(out) {
+                Ok(r) if r.canceled => {
+                    self.done = true;
+                    Poll::Ready(Some(Err(cancel_error(&r))))
+                }
+                Ok(r) => Poll::Ready(Some(Ok(etcd_client::WatchResponse(r)))),
+                Err(e) => {
+                    self.done = true;
+                    Poll::Ready(Some(Err(Error::Unavailable(format!("decoding: {e}")))))
+                }
+            },
+        }
+    }
+}
