@@ -12,6 +12,8 @@ def main() -> int:
     c.handle_put(2, {"key": "/pods/ns/a", "value": "b", "rv": 6})
     n: int = c.consume(3, w, 10)
     trace: List[Dict[str, Any]] = watchcache.replay({"steps": []})
+    report: Dict[str, Any] = watchcache.simulate({"duration_s": 1})
+    assert report["summary"]["events_written"] >= 0
     for o in c.drain():
         if isinstance(o, watchcache.WatchItem):
             print(o.type, o.rv)

@@ -22,6 +22,7 @@
 //! | `selector` | apimachinery's `labels` and `fields` selectors |
 //! | `continue_token` | `storage/continue.go` |
 //! | `replay` | the scenario replayer (feature `serde`) |
+//! | `simulate` | a client-go-driven cacher: hours of writes, watchers, disconnects, compactions and restarts, run against the real [`Cacher`] (its JSON form with feature `serde`) |
 //!
 //! ## The run loop
 //!
@@ -110,6 +111,7 @@ mod watcher;
 
 #[cfg(feature = "serde")]
 pub mod replay;
+pub mod simulate;
 
 pub use btree::Tree;
 pub use cacher::{Cacher, Change, StorageError, TimerReason, WatcherInfo, Window};

@@ -38,7 +38,7 @@ pub struct ScenarioError {
 }
 
 impl ScenarioError {
-    fn new(path: impl Into<String>, message: impl Into<String>) -> ScenarioError {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> ScenarioError {
         ScenarioError { path: path.into(), message: message.into() }
     }
 }
@@ -271,15 +271,16 @@ pub enum Op {
     Advance,
 }
 
-/// Reads fields of a JSON object, remembering which were used to report unknown ones.
-struct Fields<'a> {
+/// Reads fields of a JSON object, remembering which were used to report unknown ones (shared
+/// with the workload parser of `simulate`).
+pub(crate) struct Fields<'a> {
     map: &'a Map<String, Value>,
     path: String,
     used: BTreeSet<&'static str>,
 }
 
 impl<'a> Fields<'a> {
-    fn new(v: &'a Value, path: &str) -> Result<Fields<'a>, ScenarioError> {
+    pub(crate) fn new(v: &'a Value, path: &str) -> Result<Fields<'a>, ScenarioError> {
         match v {
             Value::Object(map) => Ok(Fields { map, path: path.to_owned(), used: BTreeSet::new() }),
             other => {
@@ -288,7 +289,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn at(&self, field: &str) -> String {
+    pub(crate) fn at(&self, field: &str) -> String {
         if self.path.is_empty() {
             field.to_owned()
         } else {
@@ -296,7 +297,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn raw(&mut self, field: &'static str) -> Option<&'a Value> {
+    pub(crate) fn raw(&mut self, field: &'static str) -> Option<&'a Value> {
         self.used.insert(field);
         match self.map.get(field) {
             None | Some(Value::Null) => None,
@@ -336,7 +337,7 @@ impl<'a> Fields<'a> {
         self.u64_of(field, v)
     }
 
-    fn opt_u64(&mut self, field: &'static str) -> Result<Option<u64>, ScenarioError> {
+    pub(crate) fn opt_u64(&mut self, field: &'static str) -> Result<Option<u64>, ScenarioError> {
         match self.raw(field) {
             None => Ok(None),
             Some(v) => self.u64_of(field, v).map(Some),
@@ -358,14 +359,17 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_string(&mut self, field: &'static str) -> Result<Option<String>, ScenarioError> {
+    pub(crate) fn opt_string(
+        &mut self,
+        field: &'static str,
+    ) -> Result<Option<String>, ScenarioError> {
         match self.raw(field) {
             None => Ok(None),
             Some(v) => self.string_of(field, v).map(Some),
         }
     }
 
-    fn opt_bool(&mut self, field: &'static str) -> Result<Option<bool>, ScenarioError> {
+    pub(crate) fn opt_bool(&mut self, field: &'static str) -> Result<Option<bool>, ScenarioError> {
         match self.raw(field) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -408,7 +412,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Fails on any field that was not read.
-    fn finish(self) -> Result<(), ScenarioError> {
+    pub(crate) fn finish(self) -> Result<(), ScenarioError> {
         for k in self.map.keys() {
             if !self.used.contains(k.as_str()) {
                 let known: Vec<&str> = self.used.iter().copied().collect();
@@ -422,7 +426,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn kind_of(v: &Value) -> &'static str {
+pub(crate) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

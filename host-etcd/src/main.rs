@@ -1,7 +1,8 @@
 //! `watchcache`: the Kubernetes watch cache in front of etcd, speaking etcd's gRPC API.
 //!
 //! `watchcache serve` (with no `--etcd-endpoints`, an embedded etcd is started),
-//! `watchcache replay FILE` (a scenario's trace, from the core's replayer).
+//! `watchcache replay FILE` (a scenario's trace, from the core's replayer),
+//! `watchcache simulate FILE` (a workload's report, from the core's simulator).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,6 +32,13 @@ enum Command {
     /// Replay a scenario file and print its trace (JSON lines).
     Replay {
         /// The scenario (JSON).
+        file: PathBuf,
+    },
+    /// Simulate a workload (writes, watchers, disconnects, compactions, restarts) against the
+    /// cache core in simulated time and print the report (JSON: summary, then one record per
+    /// second). Examples in scenarios/simulate/.
+    Simulate {
+        /// The workload (JSON).
         file: PathBuf,
     },
 }
@@ -228,6 +236,28 @@ fn main() -> ExitCode {
             match cacher_core::replay::replay_str(&text) {
                 Ok(trace) => {
                     print!("{}", cacher_core::replay::trace_to_json(&trace));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Simulate { file } => {
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            match cacher_core::simulate::simulate_str(&text) {
+                Ok(report) => {
+                    // The series is long: a reader that stops early (`| head`) is not an error.
+                    let json = cacher_core::simulate::report_to_json(&report);
+                    let _ =
+                        std::io::Write::write_all(&mut std::io::stdout().lock(), json.as_bytes());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

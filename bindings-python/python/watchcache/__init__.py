@@ -6,7 +6,10 @@ with explicit time:
 - :func:`replay` runs a scenario (the conformance language of ``scenarios/``) and returns its
   trace as a list of dicts (``pandas.DataFrame(trace)`` works as is);
 - :class:`Cacher` is the core itself: feed storage events and client requests with ``now_ms``,
-  read what it does with :meth:`Cacher.drain`.
+  read what it does with :meth:`Cacher.drain`;
+- :func:`simulate` runs a workload (writes, watchers, disconnects, compactions, restarts)
+  against the core in simulated time and returns a report: totals and one record per second
+  (``pandas.DataFrame(report["series"])``).
 
 Resource versions are Python ints. Errors are subclasses of :class:`WatchCacheError`.
 """
@@ -30,6 +33,7 @@ from ._core import (
     __version__,
     replay,
     replay_json,
+    simulate,
 )
 from ._errors import (
     ConfigError,
@@ -73,4 +77,5 @@ __all__ = [
     "raise_for",
     "replay",
     "replay_json",
+    "simulate",
 ]
