@@ -7,7 +7,7 @@
 //! Deliveries are batched per watcher per wake-up; the events of one revision are encoded once
 //! per option set and framed per watcher (`proto.rs`).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -380,6 +380,8 @@ pub(crate) struct CacheTask {
     batches: HashMap<RequestId, Vec<WatchEvent>>,
     batch_order: Vec<RequestId>,
     encoded: HashMap<(usize, bool), Bytes>,
+    /// Single-event batches, encoded once and shared by every watcher with the same options.
+    shared: HashMap<(usize, bool), Arc<[EncodedEvent]>>,
 }
 
 /// Creates a cache task for `prefix` and its handle; the caller spawns [`CacheTask::run`] and
@@ -415,12 +417,13 @@ pub(crate) fn new_cache(
         upstream,
         status,
         metrics,
-        routes: HashMap::new(),
-        pending: HashMap::new(),
-        reads: HashMap::new(),
-        batches: HashMap::new(),
+        routes: HashMap::default(),
+        pending: HashMap::default(),
+        reads: HashMap::default(),
+        batches: HashMap::default(),
         batch_order: Vec::new(),
-        encoded: HashMap::new(),
+        encoded: HashMap::default(),
+        shared: HashMap::default(),
     };
     Ok((handle, task, ctl_rx))
 }
@@ -433,6 +436,9 @@ impl CacheTask {
             tokio::select! {
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else { break };
+                    // Everything already queued is handled before the outputs are carried out,
+                    // so that under load each watcher gets one batch of whole revisions per
+                    // wake-up rather than one message per revision.
                     self.handle(cmd);
                     let mut n = 0;
                     while n < 256 {
@@ -442,6 +448,7 @@ impl CacheTask {
                         }
                         n += 1;
                     }
+                    self.drain();
                 }
                 _ = sleep_until(deadline) => {
                     let now = self.clock.now();
@@ -575,7 +582,10 @@ impl CacheTask {
             Cmd::Storage(msg) => self.storage(now, msg),
             Cmd::CurrentRevision { id, rv } => self.cacher.handle_current_revision(now, id, rv),
         }
-        self.drain();
+        // Outputs are collected into per-watcher batches; the run loop carries them out once
+        // the queued commands are handled. (Commands whose answer must follow earlier
+        // deliveries, like Frontier, drain first themselves.)
+        self.collect();
     }
 
     fn etcd_watch(
@@ -656,6 +666,12 @@ impl CacheTask {
 
     /// Carries out everything the core asked for, then flushes the per-watcher batches.
     fn drain(&mut self) {
+        self.collect();
+        self.flush();
+    }
+
+    /// Carries out the core's outputs: replies at once, deliveries into per-watcher batches.
+    fn collect(&mut self) {
         while let Some(out) = self.cacher.poll_output() {
             match out {
                 Output::Fanout { event, targets } => {
@@ -762,7 +778,6 @@ impl CacheTask {
                 }
             }
         }
-        self.flush();
     }
 
     fn batch(&mut self, id: RequestId, ev: WatchEvent) {
@@ -791,6 +806,7 @@ impl CacheTask {
         self.batch_order = order;
         self.batch_order.clear();
         self.encoded.clear();
+        self.shared.clear();
     }
 
     fn flush_one(&mut self, id: RequestId) {
@@ -799,6 +815,33 @@ impl CacheTask {
         let n = events.len() as u64;
         match self.routes.get(&id) {
             Some(Route::Etcd { tag, sink, prev_kv, no_put, no_delete, min_rev }) => {
+                // The common case: one event that passes the filters; its encoding is shared
+                // by every watcher with the same options (no per-watcher copy).
+                if let [WatchEvent::Change(_, ev)] = events.as_slice() {
+                    let filtered = if ev.is_delete() { *no_delete } else { *no_put };
+                    let passes = ev.rv() >= *min_rev && !filtered;
+                    if passes {
+                        let key = (Arc::as_ptr(ev) as usize, *prev_kv);
+                        let shared = self
+                            .shared
+                            .entry(key)
+                            .or_insert_with(|| {
+                                Arc::from(vec![EncodedEvent {
+                                    rev: ev.rv(),
+                                    bytes: encode_event_field(ev, *prev_kv),
+                                }])
+                            })
+                            .clone();
+                        self.metrics.add_delivered(1);
+                        let _ = sink.send(SessionEvent::Events {
+                            tag: *tag,
+                            header_rev,
+                            events: shared,
+                            credit: 1,
+                        });
+                        return;
+                    }
+                }
                 let mut out: Vec<EncodedEvent> = Vec::with_capacity(events.len());
                 let mut last_rev = 0;
                 for e in &events {

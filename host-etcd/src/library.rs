@@ -26,7 +26,7 @@ use crate::proto::{decode_watch_out, key_value, FILTER_NODELETE, FILTER_NOPUT};
 use crate::reflector::ReflectorOptions;
 use crate::server::{Ctx, Settings};
 use crate::upstream::Upstream;
-use crate::watch_service::Session;
+use crate::watch_service::{OutItem, Outbox, Session};
 
 /// Which keys a watch or get selects (etcd's key and range-end conventions, spelled out).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -475,14 +475,14 @@ impl Cache {
             }
         }
         let (req_tx, req_rx) = mpsc::channel::<Result<PbWatchRequest, Status>>(8);
-        let (out_tx, mut out_rx) = mpsc::channel(16);
+        let (out_tx, mut out_rx) = Outbox::new();
         let session = Session::new(self.ctx.clone(), MetadataMap::new(), out_tx);
         tokio::spawn(session.run(tokio_stream::wrappers::ReceiverStream::new(req_rx)));
         req_tx
             .send(Ok(create))
             .await
             .map_err(|_| Error::Unavailable("the cache is closed".into()))?;
-        let created = match out_rx.recv().await {
+        let created = match out_rx.recv().await.map(|(item, _permit)| item) {
             Some(Ok(out)) => {
                 decode_watch_out(out).map_err(|e| Error::Unavailable(e.to_string()))?
             }
@@ -621,7 +621,7 @@ fn cancel_error(r: &PbWatchResponse) -> Error {
 /// A watch: a `futures::Stream` of etcd's `WatchResponse`s. Dropping it cancels the watch.
 pub struct WatchStream {
     req_tx: mpsc::Sender<Result<PbWatchRequest, Status>>,
-    out: mpsc::Receiver<Result<crate::proto::WatchOut, Status>>,
+    out: mpsc::Receiver<OutItem>,
     watch_id: i64,
     done: bool,
 }
@@ -667,7 +667,7 @@ impl futures::Stream for WatchStream {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.out.poll_recv(cx) {
+        match self.out.poll_recv(cx).map(|o| o.map(|(item, _permit)| item)) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.done = true;

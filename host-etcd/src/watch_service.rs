@@ -11,14 +11,16 @@
 //! sent twice, a progress answer at R comes only after every event up to R of every watch on
 //! the stream, and whole revisions per response.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cacher_core::{CloseCause, KeyRange, RequestId};
 use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
@@ -31,8 +33,10 @@ use crate::upstream::forwardable;
 
 /// Largest response the session builds from cached events (whole revisions are never split).
 const MAX_RESPONSE_BYTES: usize = 1 << 20;
-/// Responses buffered towards the client before the session waits for it.
-const OUT_BUFFER: usize = 16;
+/// Responses buffered towards the client before the session waits for it...
+const OUT_BUFFER: usize = 64;
+/// ...and their bytes: what a client that stops reading costs, beyond HTTP/2's own buffers.
+const OUT_BYTES: usize = 2 << 20;
 /// `mvcc.ErrWatcherDuplicateID`.
 const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 /// `mvcc.ErrEmptyWatcherRange`.
@@ -53,7 +57,40 @@ pub(crate) async fn route(
 #[derive(Clone)]
 struct WatchSvc(Arc<Ctx>);
 
-type OutStream = ReceiverStream<Result<WatchOut, Status>>;
+type OutStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchOut, Status>> + Send>>;
+
+/// An item on its way to the client, holding its share of the session's byte budget until the
+/// transport takes it.
+pub(crate) type OutItem = (Result<WatchOut, Status>, Option<OwnedSemaphorePermit>);
+
+/// The session's side of the queue towards the client, bounded in responses and in bytes.
+pub(crate) struct Outbox {
+    tx: mpsc::Sender<OutItem>,
+    budget: Arc<Semaphore>,
+}
+
+impl Outbox {
+    /// A queue and its receiving end.
+    pub(crate) fn new() -> (Outbox, mpsc::Receiver<OutItem>) {
+        let (tx, rx) = mpsc::channel(OUT_BUFFER);
+        (Outbox { tx, budget: Arc::new(Semaphore::new(OUT_BYTES)) }, rx)
+    }
+
+    /// Queues an item, waiting while the client has not taken enough of what came before.
+    async fn send(&self, item: Result<WatchOut, Status>) -> Result<(), ()> {
+        let n = match &item {
+            Ok(o) => o.encoded_len().clamp(1, OUT_BYTES),
+            Err(_) => 1,
+        };
+        let permit = self.budget.clone().acquire_many_owned(n as u32).await.map_err(|_| ())?;
+        self.tx.send((item, Some(permit))).await.map_err(|_| ())
+    }
+}
+
+/// The items as a stream for the transport (each permit is released as the item is taken).
+pub(crate) fn out_stream(rx: mpsc::Receiver<OutItem>) -> OutStream {
+    Box::pin(futures::StreamExt::map(ReceiverStream::new(rx), |(item, _permit)| item))
+}
 
 impl tower::Service<tonic::Request<Streaming<PbWatchRequest>>> for WatchSvc {
     type Response = tonic::Response<OutStream>;
@@ -72,10 +109,10 @@ impl tower::Service<tonic::Request<Streaming<PbWatchRequest>>> for WatchSvc {
         Box::pin(async move {
             let md = forwardable(req.metadata());
             let inbound = req.into_inner();
-            let (out, rx) = mpsc::channel(OUT_BUFFER);
+            let (out, rx) = Outbox::new();
             let session = Session::new(ctx, md, out);
             tokio::spawn(session.run(inbound));
-            Ok(tonic::Response::new(ReceiverStream::new(rx)))
+            Ok(tonic::Response::new(out_stream(rx)))
         })
     }
 }
@@ -144,7 +181,7 @@ struct PendingProgress {
 pub(crate) struct Session {
     ctx: Arc<Ctx>,
     md: MetadataMap,
-    out: mpsc::Sender<Result<WatchOut, Status>>,
+    out: Outbox,
     events_tx: mpsc::UnboundedSender<SessionEvent>,
     events_rx: mpsc::UnboundedReceiver<SessionEvent>,
     watches: HashMap<i64, Watch>,
@@ -157,6 +194,8 @@ pub(crate) struct Session {
     progress: Option<PendingProgress>,
     progress_wanted: bool,
     next_token: u64,
+    /// Events taken out of the queue while batching, to handle next.
+    stash: std::collections::VecDeque<SessionEvent>,
 }
 
 enum Flow {
@@ -165,11 +204,7 @@ enum Flow {
 }
 
 impl Session {
-    pub(crate) fn new(
-        ctx: Arc<Ctx>,
-        md: MetadataMap,
-        out: mpsc::Sender<Result<WatchOut, Status>>,
-    ) -> Session {
+    pub(crate) fn new(ctx: Arc<Ctx>, md: MetadataMap, out: Outbox) -> Session {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Session {
             ctx,
@@ -177,15 +212,16 @@ impl Session {
             out,
             events_tx,
             events_rx,
-            watches: HashMap::new(),
-            by_tag: HashMap::new(),
+            watches: HashMap::default(),
+            by_tag: HashMap::default(),
             next_tag: 1,
             next_auto_id: 0,
-            credits: HashMap::new(),
+            credits: HashMap::default(),
             max_sent: 0,
             progress: None,
             progress_wanted: false,
             next_token: 1,
+            stash: std::collections::VecDeque::new(),
         }
     }
 
@@ -218,7 +254,7 @@ impl Session {
                         Flow::Stop
                     }
                 },
-                Some(ev) = self.events_rx.recv() => self.on_event(ev).await,
+                Some(ev) = next_event(&mut self.stash, &mut self.events_rx) => self.on_event(ev).await,
                 _ = tick.tick() => self.on_tick(),
             };
             if matches!(flow, Flow::Stop) {
@@ -428,7 +464,7 @@ impl Session {
     fn start_progress_query(&mut self) {
         let token = self.next_token;
         self.next_token += 1;
-        let mut per_cache: HashMap<usize, Vec<(u64, RequestId)>> = HashMap::new();
+        let mut per_cache: HashMap<usize, Vec<(u64, RequestId)>> = HashMap::default();
         let mut upstreams = BTreeSet::new();
         for w in self.watches.values() {
             match &w.source {
@@ -502,7 +538,7 @@ impl Session {
     }
 
     fn on_tick(&mut self) -> Flow {
-        let mut per_cache: HashMap<usize, Vec<(u64, RequestId)>> = HashMap::new();
+        let mut per_cache: HashMap<usize, Vec<(u64, RequestId)>> = HashMap::default();
         for w in self.watches.values_mut() {
             if w.spec.progress_notify && !w.events_since_tick {
                 if let Source::Cache { cache, id } = &w.source {
@@ -526,7 +562,40 @@ impl Session {
     async fn on_event(&mut self, ev: SessionEvent) -> Flow {
         match ev {
             SessionEvent::Events { tag, header_rev, events, credit } => {
-                self.on_events(tag, header_rev, events, credit).await
+                // Batch what is already queued: consecutive deliveries for a watch go out as one
+                // response (whole revisions), so a session that fell behind catches up in
+                // fewer, larger messages.
+                let mut batches: Vec<Batch> = vec![(tag, header_rev, vec![events], credit)];
+                while batches.len() < 64 {
+                    match self.events_rx.try_recv() {
+                        Ok(SessionEvent::Events { tag, header_rev, events, credit }) => {
+                            match batches.iter_mut().find(|b| b.0 == tag) {
+                                Some(b) => {
+                                    b.1 = b.1.max(header_rev);
+                                    b.2.push(events);
+                                    b.3 += credit;
+                                }
+                                None => batches.push((tag, header_rev, vec![events], credit)),
+                            }
+                        }
+                        Ok(other) => {
+                            self.stash.push_back(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                for (tag, header_rev, parts, credit) in batches {
+                    let events: Arc<[EncodedEvent]> = if parts.len() == 1 {
+                        parts.into_iter().next().unwrap_or_else(|| Arc::from(Vec::new()))
+                    } else {
+                        parts.iter().flat_map(|p| p.iter().cloned()).collect::<Vec<_>>().into()
+                    };
+                    if let Flow::Stop = self.on_events(tag, header_rev, events, credit).await {
+                        return Flow::Stop;
+                    }
+                }
+                Flow::Continue
             }
             SessionEvent::Skipped { tag, last_rev } => {
                 if let Some(w) = self.by_tag.get(&tag).and_then(|id| self.watches.get_mut(id)) {
@@ -965,6 +1034,20 @@ impl Session {
             stop_source(&self.ctx, &w.source);
             self.ctx.metrics.grpc_watcher(-1);
         }
+    }
+}
+
+/// Deliveries for one watch gathered from the queue: tag, header revision, the parts, credit.
+type Batch = (u64, u64, Vec<Arc<[EncodedEvent]>>, u64);
+
+/// The next event: one set aside while batching, else the queue's.
+async fn next_event(
+    stash: &mut std::collections::VecDeque<SessionEvent>,
+    rx: &mut mpsc::UnboundedReceiver<SessionEvent>,
+) -> Option<SessionEvent> {
+    match stash.pop_front() {
+        Some(ev) => Some(ev),
+        None => rx.recv().await,
     }
 }
 
