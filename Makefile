@@ -36,7 +36,7 @@ lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p cacher-core --no-default-features -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q --no-deps -p cacher-core -p host-etcd
-	rustup target list --installed | grep -q '^wasm32-unknown-unknown$$' || rustup target add wasm32-unknown-unknown
+	grep -q '^wasm32-unknown-unknown$$' <<<"$$(rustup target list --installed)" || rustup target add wasm32-unknown-unknown
 	$(CARGO) clippy -p watchcache-wasm -p cacher-core --target wasm32-unknown-unknown -- -D warnings
 	@if $(CARGO) tree -p cacher-core -e normal --prefix none | grep -E '^(tokio|pyo3|wasm-bindgen|js-sys|etcd-client|tonic) ' ; then \
 	  echo "cacher-core depends on a host crate" >&2; exit 1; fi
@@ -94,8 +94,10 @@ setup-protoc:
 	  apt-get install -y protobuf-compiler || { apt-get update && apt-get install -y protobuf-compiler; }; }
 
 setup-etcd: ## etcd and etcdctl (version from tools/etcd/go.mod) in .tools/bin, built from etcd's Go modules
-	@if $(TOOLS)/bin/etcd --version 2>/dev/null | grep -q "etcd Version: $(ETCD_VERSION)$$" && \
-	    $(TOOLS)/bin/etcdctl version 2>/dev/null | grep -q "etcdctl version: $(ETCD_VERSION)$$"; then exit 0; fi; \
+	@# (versions captured whole: grep -q or head on a pipe would SIGPIPE the writer under pipefail)
+	@have_etcd=$$($(TOOLS)/bin/etcd --version 2>/dev/null || true); have_ctl=$$($(TOOLS)/bin/etcdctl version 2>/dev/null || true); \
+	if grep -q "etcd Version: $(ETCD_VERSION)$$" <<<"$$have_etcd" && \
+	    grep -q "etcdctl version: $(ETCD_VERSION)$$" <<<"$$have_ctl"; then exit 0; fi; \
 	mkdir -p $(TOOLS)/bin; \
 	if [ -n "$(GO)" ]; then \
 	  echo "building etcd and etcdctl $(ETCD_VERSION) from etcd's Go modules with $$($(GO) version)"; \
@@ -105,7 +107,7 @@ setup-etcd: ## etcd and etcdctl (version from tools/etcd/go.mod) in .tools/bin, 
 	  apt-get install -y etcd-server etcd-client || { apt-get update && apt-get install -y etcd-server etcd-client; }; \
 	  ln -sf "$$(command -v etcd)" $(TOOLS)/bin/etcd; ln -sf "$$(command -v etcdctl)" $(TOOLS)/bin/etcdctl; \
 	fi
-	@$(TOOLS)/bin/etcd --version | head -1
+	@$(TOOLS)/bin/etcd --version | sed -n 1p
 
 setup-python: $(VENV)/.installed
 
@@ -119,14 +121,14 @@ $(VENV)/.installed: bindings-python/requirements-dev.txt
 	touch $@
 
 setup-wasm: setup-rust
-	@rustup target list --installed | grep -q '^wasm32-unknown-unknown$$' || rustup target add wasm32-unknown-unknown
-	@test -x $(TOOLS)/bin/wasm-bindgen && $(TOOLS)/bin/wasm-bindgen --version | grep -q ' $(WASM_BINDGEN_VERSION)$$' || \
+	@grep -q '^wasm32-unknown-unknown$$' <<<"$$(rustup target list --installed)" || rustup target add wasm32-unknown-unknown
+	@test -x $(TOOLS)/bin/wasm-bindgen && grep -q ' $(WASM_BINDGEN_VERSION)$$' <<<"$$($(TOOLS)/bin/wasm-bindgen --version)" || \
 	  $(CARGO) install --root $(TOOLS) wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
 	@command -v node >/dev/null || { echo "node not found: installing Debian's nodejs" >&2; apt-get install -y nodejs; }
 
 setup-fuzz: setup-rust
-	@rustup toolchain list | grep -q '^$(NIGHTLY)' || rustup toolchain install $(NIGHTLY) --profile minimal
-	@test -x $(TOOLS)/bin/cargo-fuzz && $(TOOLS)/bin/cargo-fuzz --version | grep -q '$(CARGO_FUZZ_VERSION)' || \
+	@grep -q '^$(NIGHTLY)' <<<"$$(rustup toolchain list)" || rustup toolchain install $(NIGHTLY) --profile minimal
+	@test -x $(TOOLS)/bin/cargo-fuzz && grep -q '$(CARGO_FUZZ_VERSION)' <<<"$$($(TOOLS)/bin/cargo-fuzz --version)" || \
 	  $(CARGO) install --locked --root $(TOOLS) cargo-fuzz --version $(CARGO_FUZZ_VERSION)
 	@mkdir -p fuzz/artifacts
 
