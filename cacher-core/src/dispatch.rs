@@ -33,11 +33,25 @@ impl Cacher {
         }
         let rv = ev.rv();
         let ring_index = self.ring.end_index().saturating_sub(1);
-        let mut targets: Vec<Target> = Vec::new();
+        let mut targets: Vec<Target> = Vec::with_capacity(candidates.len());
         let mut blocked: Vec<(Slot, WatchEvent)> = Vec::new();
+        // Watchers of the same range share its keys' allocation: check each range once.
+        let mut memo: Option<((u8, usize, usize), bool)> = None;
         for &slot in &candidates {
             let Some(w) = self.slots[slot as usize].as_mut() else { continue };
-            let Some(kind) = w.classify(ev) else { continue };
+            let id = w.range.identity();
+            let in_range = match memo {
+                Some((m, r)) if m == id => r,
+                _ => {
+                    let r = w.range.contains(ev.key());
+                    memo = Some((id, r));
+                    r
+                }
+            };
+            if !in_range {
+                continue;
+            }
+            let Some(kind) = w.classify_in_range(ev) else { continue };
             if !w.wants_rv(rv) {
                 continue;
             }

@@ -94,7 +94,7 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Which keys a watch or list selects.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KeyRange {
     /// Every key under a path prefix (Kubernetes recursive requests).
     Prefix(Key),
@@ -148,6 +148,19 @@ impl KeyRange {
             KeyRange::Exact(k) => k.as_bytes() == key,
             KeyRange::Range { start, end } => {
                 key >= start.as_bytes() && end.as_ref().is_none_or(|e| key < e.as_bytes())
+            }
+        }
+    }
+
+    /// An identity for memoising `contains` over ranges that share their keys' allocations
+    /// (watchers of the same prefix): equal identities mean equal ranges.
+    #[inline]
+    pub(crate) fn identity(&self) -> (u8, usize, usize) {
+        match self {
+            KeyRange::Prefix(p) => (0, p.0.as_ptr() as usize, p.0.len()),
+            KeyRange::Exact(k) => (1, k.0.as_ptr() as usize, k.0.len()),
+            KeyRange::Range { start, end } => {
+                (2, start.0.as_ptr() as usize, end.as_ref().map_or(0, |e| e.0.as_ptr() as usize))
             }
         }
     }

@@ -86,6 +86,12 @@ impl Watcher {
         if !self.range.contains(ev.key()) {
             return None;
         }
+        self.classify_in_range(ev)
+    }
+
+    /// `classify` for an event already known to be in the watcher's range.
+    #[inline]
+    pub(crate) fn classify_in_range(&self, ev: &Event) -> Option<ChangeKind> {
         let cur = ev.object().is_some_and(|o| self.selects(o));
         let old = ev.prev().is_some_and(|o| self.selects(o));
         match (cur, old) {
