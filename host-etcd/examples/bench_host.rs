@@ -315,6 +315,25 @@ fn reset_hwm(pid: u32) {
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
 }
 
+/// The commit the binaries were built from and the files that differed from it (this is a
+/// working tree; the figures belong to exactly this state).
+fn source_state() -> Value {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_owned())
+    };
+    let commit = git(&["log", "-1", "--format=%h %s"]);
+    let dirty: Vec<String> = git(&["status", "--porcelain", "--untracked-files=no"])
+        .map(|s| s.lines().map(|l| l.trim().to_owned()).collect())
+        .unwrap_or_default();
+    json!({"commit": commit, "modified": dirty})
+}
+
 fn machine() -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -1342,7 +1361,9 @@ async fn scenario_a(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Valu
         "events_expected": expected,
         "events_delivered": d.events,
         "missing": d.missing + short,
-        "missing_at_end": short,
+        "gaps": d.missing,
+        "undelivered_at_end": short,
+        "watchers_behind_at_end": fleet.states.len() - fleet.count_at_least(w.last_rev),
         "duplicates": d.duplicates,
         "stream_breaks": d.breaks,
         "failed_creates": d.failed_creates,
@@ -1381,6 +1402,7 @@ async fn scenario_a(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Valu
 
 async fn scenario_b(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, String> {
     let cfg = &env.cfg;
+    let whole0 = fleet.totals();
     let writer = Writer::start(
         env.writers.clone(),
         env.sh.clone(),
@@ -1399,10 +1421,14 @@ async fn scenario_b(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Valu
     if let Err(e) = drain {
         v["drain_error"] = json!(e);
     }
-    v["missing_at_end"] = json!(short);
-    if let Some(m) = v["missing"].as_u64() {
-        v["missing"] = json!(m + short);
-    }
+    // Over the whole scenario, the catch-up before the storm or restart included (a watcher
+    // that was behind at the end of the previous scenario shows its gaps here).
+    let whole = fleet.totals().minus(&whole0);
+    v["gaps"] = json!(whole.missing);
+    v["undelivered_at_end"] = json!(short);
+    v["missing"] = json!(whole.missing + short);
+    v["duplicates"] = json!(whole.duplicates);
+    v["stream_breaks_whole_scenario"] = json!(whole.breaks);
     Ok(v)
 }
 
@@ -1478,6 +1504,7 @@ async fn storm(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, St
 
 async fn scenario_c(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, String> {
     let cfg = &env.cfg;
+    let whole0 = fleet.totals();
     let writer = Writer::start(
         env.writers.clone(),
         env.sh.clone(),
@@ -1496,10 +1523,14 @@ async fn scenario_c(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Valu
     if let Err(e) = drain {
         v["drain_error"] = json!(e);
     }
-    v["missing_at_end"] = json!(short);
-    if let Some(m) = v["missing"].as_u64() {
-        v["missing"] = json!(m + short);
-    }
+    // Over the whole scenario, the catch-up before the storm or restart included (a watcher
+    // that was behind at the end of the previous scenario shows its gaps here).
+    let whole = fleet.totals().minus(&whole0);
+    v["gaps"] = json!(whole.missing);
+    v["undelivered_at_end"] = json!(short);
+    v["missing"] = json!(whole.missing + short);
+    v["duplicates"] = json!(whole.duplicates);
+    v["stream_breaks_whole_scenario"] = json!(whole.breaks);
     Ok(v)
 }
 
@@ -1688,6 +1719,15 @@ fn f(v: &Value) -> String {
     }
 }
 
+/// Missing events: revisions skipped, plus those not delivered when the wait ended.
+fn missing(v: &Value) -> String {
+    let gaps = v["gaps"].as_u64().unwrap_or(0);
+    match v["undelivered_at_end"].as_u64().unwrap_or(0) {
+        0 => gaps.to_string(),
+        u => format!("{gaps} skipped + {u} undelivered"),
+    }
+}
+
 fn kinds(v: &Value) -> String {
     match v.as_object() {
         Some(m) if !m.is_empty() => {
@@ -1716,7 +1756,7 @@ fn tables(results: &[Value]) -> String {
             f(&a["achieved_put_rate"]),
             f(&a["events_delivered"]),
             f(&a["events_expected"]),
-            f(&a["missing"]),
+            missing(a),
             f(&a["stream_breaks"]),
             f(&a["latency_ms"]["p50"]),
             f(&a["latency_ms"]["p99"]),
@@ -1755,7 +1795,7 @@ fn tables(results: &[Value]) -> String {
             } else {
                 "–".into()
             },
-            f(&b["missing"]),
+            missing(b),
             f(&b["duplicates"]),
         ));
     }
@@ -1795,7 +1835,7 @@ fn tables(results: &[Value]) -> String {
             } else {
                 "–".into()
             },
-            f(&c["missing"]),
+            missing(c),
             f(&c["duplicates"]),
         ));
     }
@@ -1928,6 +1968,16 @@ async fn run(args: Args) -> Result<(), String> {
         etcd_version
     );
     println!("Command: `{}`", command.join(" "));
+    let source = source_state();
+    if let Some(c) = source["commit"].as_str() {
+        let modified = source["modified"].as_array().map_or(0, Vec::len);
+        let mut c = c.to_owned();
+        c.truncate(72);
+        println!(
+            "Source: {c}{}",
+            if modified > 0 { format!(" (+{modified} modified files)") } else { String::new() }
+        );
+    }
     println!(
         "Parameters: {} watchers over {} connections, {} puts/s for {} s (A), {} keys under {PREFIX}, {} puts/s during B and C{}",
         cfg.watchers,
@@ -1985,6 +2035,7 @@ async fn run(args: Args) -> Result<(), String> {
         "machine": mach,
         "command": command,
         "etcd_version": etcd_version,
+        "source": source,
         "parameters": {
             "watchers": cfg.watchers, "connections": cfg.conns, "rate": cfg.rate,
             "seconds": cfg.seconds, "keys": cfg.keys, "write_keys": cfg.write_keys,

@@ -382,6 +382,9 @@ pub(crate) struct CacheTask {
     encoded: HashMap<(usize, bool), Bytes>,
     /// Single-event batches, encoded once and shared by every watcher with the same options.
     shared: HashMap<(usize, bool), Arc<[EncodedEvent]>>,
+    /// One copy of each watched range, so that the core checks a range once per event for all
+    /// the watchers that share it.
+    interned: HashMap<KeyRange, KeyRange>,
 }
 
 /// Creates a cache task for `prefix` and its handle; the caller spawns [`CacheTask::run`] and
@@ -424,6 +427,7 @@ pub(crate) fn new_cache(
         batch_order: Vec::new(),
         encoded: HashMap::default(),
         shared: HashMap::default(),
+        interned: HashMap::default(),
     };
     Ok((handle, task, ctl_rx))
 }
@@ -497,6 +501,7 @@ impl CacheTask {
             Cmd::KubeWatch { req, sink, reply } => {
                 let (req, sink) = (req, sink);
                 let mut req = req;
+                req.range = self.intern(req.range);
                 req.consume = cacher_core::ConsumeMode::Manual;
                 match self.cacher.start_watch(now, req) {
                     Ok(id) => {
@@ -608,7 +613,8 @@ impl CacheTask {
             });
             return;
         }
-        let mut req = WatchRequest::new(spec.range, cacher_core::RvParam::At(spec.start_after));
+        let range = self.intern(spec.range);
+        let mut req = WatchRequest::new(range, cacher_core::RvParam::At(spec.start_after));
         req.consume = cacher_core::ConsumeMode::Manual;
         req.slow_policy = cacher_core::SlowPolicy::Lag;
         req.queue_capacity = Some(self.options.grpc_queue.max(1));
@@ -632,6 +638,14 @@ impl CacheTask {
                 let _ = reply.send(WatchStartReply::Miss { reason: s.message });
             }
         }
+    }
+
+    fn intern(&mut self, range: KeyRange) -> KeyRange {
+        if self.interned.len() > 10_000 {
+            // Only an optimisation: start over rather than track every watcher's range.
+            self.interned.clear();
+        }
+        self.interned.entry(range.clone()).or_insert(range).clone()
     }
 
     fn storage(&mut self, now: Timestamp, msg: StorageMsg) {
