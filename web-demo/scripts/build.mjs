@@ -1,7 +1,9 @@
 // Builds the static site into web-demo/dist: the page (src/), a copy of the wasm package
-// (bindings-wasm/pkg, web target), and a copy of every scenario (scenarios/*.json, golden
-// traces included) with a generated index. No bundler: the output is plain files that work
-// from any static server, offline. Fails loudly when an input is missing.
+// (bindings-wasm/pkg, web target), a copy of every scenario (scenarios/*.json, golden
+// traces included) with a generated index, and the simulator's workloads
+// (scenarios/simulate/*.json, the what-if panel's presets) with theirs. No bundler: the
+// output is plain files that work from any static server, offline. Fails loudly when an input
+// is missing.
 import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -77,4 +79,27 @@ for (const f of readdirSync(scenarios).filter((f) => f.endsWith(".json")).sort()
 }
 index.sort((a, b) => ORDER.indexOf(a.topic) - ORDER.indexOf(b.topic) || a.file.localeCompare(b.file));
 writeFileSync(join(dist, "scenarios", "index.json"), JSON.stringify(index, null, 1) + "\n");
-console.log(`build: ${dist} (${index.length} scenarios)`);
+
+// The what-if panel's presets: the simulator's workloads (scenarios/simulate/*.json), copied
+// as they are, with an index. The SLO workloads (slo_*) first, in the order docs/slo.md tells.
+const simDir = join(scenarios, "simulate");
+need(simDir, "the simulator's workloads");
+mkdirSync(join(dist, "scenarios", "simulate"));
+const SIM_ORDER = ["slo_fixed_ring.json", "slo_dynamic_ring.json", "slo_bookmarks.json", "slo_compaction.json"];
+const simIndex = [];
+for (const f of readdirSync(simDir).filter((f) => f.endsWith(".json")).sort()) {
+  const text = readFileSync(join(simDir, f), "utf8");
+  let w;
+  try {
+    w = JSON.parse(text);
+  } catch (e) {
+    console.error(`build: scenarios/simulate/${f} is not JSON: ${e.message}`);
+    process.exit(1);
+  }
+  writeFileSync(join(dist, "scenarios", "simulate", f), text);
+  simIndex.push({ file: f, name: w.name || f.replace(/\.json$/, ""), description: w.description ?? "", duration_s: w.duration_s ?? 60, watchers: w.watchers?.count ?? 10 });
+}
+const rank = (f) => (SIM_ORDER.includes(f) ? SIM_ORDER.indexOf(f) : SIM_ORDER.length);
+simIndex.sort((a, b) => rank(a.file) - rank(b.file) || a.file.localeCompare(b.file));
+writeFileSync(join(dist, "scenarios", "simulate", "index.json"), JSON.stringify(simIndex, null, 1) + "\n");
+console.log(`build: ${dist} (${index.length} scenarios, ${simIndex.length} workloads)`);

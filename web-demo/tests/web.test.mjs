@@ -3,14 +3,17 @@
 // They serve web-demo/dist on a free loopback port (scripts/serve.mjs), load the page, wait
 // for <body data-ready="true">, drive it through its controls and check what it shows:
 // window bounds, a 410 on a too-old watch, bookmarks, a slow watcher closed as unresponsive,
-// list decisions, a relist; no console errors and no page errors; and the frame rate while
-// the 10 000 events/s load runs. Screenshots go to artifacts/web/.
+// list decisions, a relist; no console errors and no page errors; the frame rate while
+// the 10 000 events/s load runs; and the What-if tab (simulate() in a web worker: its plots
+// and totals equal the report Node computes for the same workload, the rule's verdict, bad
+// workloads, the page's thread kept free). Screenshots go to artifacts/web/.
 //
 // Environment: CHROMIUM (default /usr/bin/chromium), WEB_DIST (default web-demo/dist),
 // ARTIFACTS (default artifacts/web at the repository root).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
@@ -22,6 +25,9 @@ const dist = process.env.WEB_DIST ?? join(here, "..", "dist");
 const artifacts = process.env.ARTIFACTS ?? join(root, "artifacts", "web");
 const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const VIEWPORT = { width: 1440, height: 1100 };
+// The same wasm package built for Node: what the What-if tab shows must be its report.
+const wcNode = createRequire(import.meta.url)(join(root, "bindings-wasm", "pkg-node", "watchcache.js"));
+const workload = (f) => JSON.parse(readFileSync(join(root, "scenarios", "simulate", f), "utf8"));
 
 let server;
 let browser;
@@ -319,5 +325,197 @@ test("load: 10 000 events/s while animating at about 60 frames per second", asyn
   const d = await stageData(page);
   assert.ok(Number(d.capacity) >= 4096, `the ring grew (capacity ${d.capacity})`);
   await seeAttr(page, '[data-testid="lane-w1"]', "data-state", "active");
+  await done(ctx);
+});
+
+// ----- What-if: simulate(workload) in a web worker ---------------------------------------------
+
+/** Opens the What-if tab and waits for its first preset to be loaded. */
+async function openWhatIf(page) {
+  await page.click("#tab-whatif");
+  await page.waitForFunction(() => document.getElementById("wi-preset").options.length > 1 && document.getElementById("wi-json").value.length > 2);
+}
+
+/** Selects a preset of scenarios/simulate/ and waits until the editor holds it. */
+async function pickWorkload(page, file) {
+  await page.selectOption("#wi-preset", file);
+  await page.waitForFunction((f) => document.getElementById("wi-meta").textContent.endsWith(f), file);
+}
+
+/** Presses Run and waits for the answer; returns the panel's state (done or error). */
+async function runWhatIf(page, timeout = 30000) {
+  await page.click("#wi-run");
+  await page.waitForSelector("#whatif:is([data-state=done], [data-state=error])", { timeout });
+  return page.getAttribute("#whatif", "data-state");
+}
+
+/** Each plotted series' data attributes, by series key. */
+const plotted = (page) => page.$$eval("#wi-charts path.series", (ps) => Object.fromEntries(ps.map((p) => [p.dataset.series, { points: Number(p.dataset.points), sum: Number(p.dataset.sum), max: Number(p.dataset.max) }])));
+
+/** Asserts that the plots and the totals on the page are `report`'s. */
+async function assertShowsReport(page, report) {
+  const got = await plotted(page);
+  const keys = ["window_s", "capacity", "window_events", "watch_410", "relists", "etcd_range_requests", "connected_watchers"];
+  assert.deepEqual(Object.keys(got).sort(), [...keys].sort(), "the plotted series");
+  for (const k of keys) {
+    const values = report.series.map((x) => Number(x[k]));
+    const sum = values.reduce((a, b) => a + b, 0);
+    assert.equal(got[k].points, report.series.length, `${k}: points`);
+    assert.ok(Math.abs(got[k].sum - sum) <= 1e-9 * Math.max(1, Math.abs(sum)), `${k}: sum ${got[k].sum} != ${sum}`);
+    assert.equal(got[k].max, Math.max(0, ...values), `${k}: max`);
+  }
+  // Per-second 410s and relists add up to the summary's totals.
+  assert.equal(got.watch_410.sum, Number(report.summary.watch_410));
+  assert.equal(got.relists.sum, Number(report.summary.relists));
+  const tiles = await page.$$eval("#wi-summary .metric", (ts) => Object.fromEntries(ts.map((t) => [t.dataset.key, t.dataset.value])));
+  for (const k of ["events_written", "deliveries", "watch_410", "relists", "etcd_range_requests", "etcd_range_objects", "watcher_terminations", "bookmarks_sent", "p50_delivery_lag_ms", "p99_delivery_lag_ms", "peak_ring_capacity"]) {
+    const v = report.summary[k];
+    assert.equal(tiles[k], v === null ? "" : String(v), `summary tile ${k}`);
+  }
+  const text = (await page.textContent("#whatif")) + (await page.textContent("#wi-verdict-card"));
+  assert.doesNotMatch(text, /\b(NaN|undefined|null)\b/, "no unformatted values on the panel");
+}
+
+test("what-if: a preset runs in a web worker; its plots and totals are the report, the rule's verdict matches", async () => {
+  const ctx = await openPage();
+  const { page } = ctx;
+  await openWhatIf(page);
+  await pickWorkload(page, "slo_fixed_ring.json");
+  // The rule, from the workload alone: W = 2 000 / 50 = 40 s < d = 45 s: every reconnect relists.
+  await seeAttr(page, "#wi-verdict", "data-phase", "storm");
+  await seeAttr(page, "#wi-verdict", "data-w", "40");
+  await see(page, "#wi-verdict", /W = C \/ r = 2,000 \/ 50 = 40 s/);
+  assert.equal(await runWhatIf(page), "done");
+  const w = workload("slo_fixed_ring.json");
+  const report = wcNode.simulate(w);
+  await assertShowsReport(page, report);
+  // The W and d reference lines on the window plot.
+  assert.equal(await page.locator('[data-chart="window"] line.hline[data-y="40"]').count(), 1);
+  assert.equal(await page.locator('[data-chart="window"] line.hline[data-y="45"]').count(), 1);
+  // Measured: relists among reconnects (watches_started − watchers − relists), as the rule said.
+  const relists = Number(report.summary.relists);
+  const reconnects = Number(report.summary.watches_started) - w.watchers.count - relists;
+  assert.ok(relists > 100 && relists === reconnects, `${relists} relists of ${reconnects} reconnects`);
+  await seeAttr(page, "#wi-measured", "data-relists", String(relists));
+  await seeAttr(page, "#wi-measured", "data-reconnects", String(reconnects));
+  await seeAttr(page, "#wi-measured", "data-phase", "storm");
+  await seeAttr(page, "#wi-measured", "data-agrees", "true");
+  await see(page, "#wi-measured", /✓ the rule predicted it/);
+  // It ran in the worker, not on the page's thread.
+  await seeAttr(page, "#wi-status", "data-thread", "worker");
+  await see(page, "#wi-status", /600 s simulated in \d[\d,]* ms, in a web worker/);
+  assert.ok(page.workers().some((wk) => wk.url().endsWith("/js/whatif-worker.js")), "a dedicated worker runs js/whatif-worker.js");
+  await shot(page, "10-whatif-fixed-ring.png");
+
+  // Come back before W (d = 30 s < 40 s): the prediction follows the form at once, the run agrees.
+  await page.fill("#wi-delay-a", "30");
+  await seeAttr(page, "#wi-verdict", "data-phase", "none");
+  await seeAttr(page, "#wi-measured", "data-agrees", ""); // the last run is stale now
+  assert.match(await page.inputValue("#wi-json"), /"reconnect_delay_s": \{"dist": "const", "value": 30\}/);
+  assert.equal(await runWhatIf(page), "done");
+  w.disconnects.reconnect_delay_s.value = 30;
+  const report30 = wcNode.simulate(w);
+  assert.equal(Number(report30.summary.relists), 0);
+  await assertShowsReport(page, report30);
+  await seeAttr(page, "#wi-measured", "data-phase", "none");
+  await seeAttr(page, "#wi-measured", "data-agrees", "true");
+
+  // A dynamic ring at the same rate settles at 6 400 events: W = 128 s, d = 115 s is safe.
+  await pickWorkload(page, "slo_dynamic_ring.json");
+  await seeAttr(page, "#wi-verdict", "data-w", "128");
+  await seeAttr(page, "#wi-verdict", "data-phase", "none");
+  assert.equal(await runWhatIf(page), "done");
+  await assertShowsReport(page, wcNode.simulate(workload("slo_dynamic_ring.json")));
+  await seeAttr(page, "#wi-measured", "data-agrees", "true");
+  await done(ctx);
+});
+
+test("what-if: a bad workload shows the simulator's error naming the field, and the page keeps working", async () => {
+  const ctx = await openPage();
+  const { page } = ctx;
+  await openWhatIf(page);
+  await pickWorkload(page, "slo_fixed_ring.json");
+  // From the form: a negative write rate.
+  await page.fill('[data-path="writes.rate_per_s"]', "-1");
+  assert.match(await page.inputValue("#wi-json"), /"rate_per_s": -1/);
+  assert.equal(await runWhatIf(page), "error");
+  await see(page, "#wi-error", /writes\.rate_per_s: must be a non-negative number, got -1/);
+  assert.equal(await page.locator("#wi-charts svg").count(), 0, "no plots of a workload that did not run");
+  assert.equal(await page.locator("#wi-summary .metric").count(), 0);
+  await see(page, "#explain", /writes\.rate_per_s/);
+  await shot(page, "11-whatif-bad-workload.png");
+  // From the JSON editor: an unknown field, then text that is not JSON.
+  await page.fill("#wi-json", '{"watchers": {"count": 2}, "foo": 1}');
+  assert.equal(await runWhatIf(page), "error");
+  await see(page, "#wi-error", /foo: unknown field/);
+  await page.fill("#wi-json", '{"duration_s": 10,');
+  await see(page, "#wi-json-status", /not JSON/);
+  assert.equal(await runWhatIf(page), "error");
+  await see(page, "#wi-error", /invalid JSON/);
+  await page.fill("#wi-json", '{"disconnects": {"reconnect_delay_s": {"dist": "weird"}}}');
+  assert.equal(await runWhatIf(page), "error");
+  await see(page, "#wi-error", /disconnects\.reconnect_delay_s\.dist/);
+  // A good one runs again in the same worker.
+  const small = { duration_s: 20, writes: { rate_per_s: 30 }, watchers: { count: 3 } };
+  await page.fill("#wi-json", JSON.stringify(small));
+  assert.equal(await runWhatIf(page), "done");
+  assert.equal(await page.isHidden("#wi-error"), true);
+  await assertShowsReport(page, wcNode.simulate(small));
+  await seeAttr(page, "#wi-verdict", "data-phase", "idle"); // no disconnects: nothing to predict
+  assert.equal(await page.inputValue('[data-path="watchers.count"]'), "3");
+  // The rest of the page is unaffected.
+  await page.click("#tab-play");
+  await seeStage(page, { ready: "ready" });
+  await page.click("text=fast watcher");
+  await assert.doesNotReject(lane(page, "w1").waitFor());
+  await page.click("#tab-whatif");
+  await seeAttr(page, "#whatif", "data-state", "done");
+  await done(ctx);
+});
+
+test("what-if: the simulation runs off the page's thread, which keeps drawing; a run can be cancelled", async () => {
+  const ctx = await openPage();
+  const { page } = ctx;
+  await openWhatIf(page);
+  // A cache restart under 500 watchers, run twice as long: about a second of work or more.
+  const w = workload("reconnect_storm.json");
+  w.duration_s = 1200;
+  await page.fill("#wi-json", JSON.stringify(w));
+  await page.evaluate(() => window.__demo.app.recordFrames());
+  assert.equal(await runWhatIf(page, 60000), "done");
+  const frames = await page.evaluate(() => window.__demo.app.stopFrames());
+  const ms = Number(await page.getAttribute("#wi-status", "data-ms"));
+  await seeAttr(page, "#wi-status", "data-thread", "worker");
+  const gaps = frames.slice(1).map((t, i) => t - frames[i]);
+  const maxGap = Math.max(...gaps);
+  const report = { simulateMs: ms, frames: frames.length, maxFrameGapMs: +maxGap.toFixed(1) };
+  console.log(`# what-if off the main thread: ${JSON.stringify(report)}`);
+  assert.ok(ms >= 400, `the simulation took only ${ms} ms: too short to tell`);
+  // Had simulate() run on the page's thread, no frame could be drawn while it ran.
+  assert.ok(maxGap < Math.min(400, ms / 2), `a ${maxGap} ms gap between frames while simulating for ${ms} ms`);
+  assert.ok(frames.length >= ms / 100, `${frames.length} frames in ${ms} ms`);
+  await assertShowsReport(page, wcNode.simulate(w));
+  await seeAttr(page, "#wi-measured", "data-agrees", "true"); // 500 relists for the restart
+  // An hour of 1 000 watchers takes seconds: cancel it; the next run gets a fresh worker.
+  await pickWorkload(page, "steady_bookmarks.json");
+  // Selective watchers with bookmarks every 60 s, W = 128 s, d uniform in 30–120 s: the closed
+  // form of docs/slo.md says 19.8 % of the reconnects relist (the simulator: 20.2 %).
+  await seeAttr(page, "#wi-verdict", "data-phase", "some");
+  const share = Number(await page.getAttribute("#wi-verdict", "data-share"));
+  assert.ok(Math.abs(share - 0.198) < 0.005, `predicted share ${share}`);
+  await see(page, "#wi-verdict", /≈ 19\.\d % of reconnects relist/);
+  assert.doesNotMatch(await page.textContent("#wi-verdict-card"), /\b(NaN|undefined|null)\b/);
+  await page.click("#wi-run");
+  await seeAttr(page, "#whatif", "data-state", "running");
+  await page.waitForTimeout(600);
+  await see(page, "#wi-status", /running in a web worker… \d/);
+  await shot(page, "12-whatif-running.png");
+  await page.click("#wi-cancel");
+  await seeAttr(page, "#whatif", "data-state", "cancelled");
+  await see(page, "#wi-status", /cancelled after/);
+  assert.equal(await page.isEnabled("#wi-run"), true);
+  await pickWorkload(page, "slo_bookmarks.json");
+  assert.equal(await runWhatIf(page), "done");
+  await assertShowsReport(page, wcNode.simulate(workload("slo_bookmarks.json")));
   await done(ctx);
 });

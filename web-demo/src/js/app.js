@@ -1,10 +1,12 @@
-// The application: two modes sharing one set of views.
+// The application: three modes; the first two share one set of views.
 //
 // - Playground: the page is the cacher's host (src/js/playground.js). Buttons write to etcd,
 //   start watches, lists and gets; time runs at a chosen speed; a load generator writes
 //   10 000 events per second in small batches, one batch per animation frame.
 // - Scenario library: the scenarios of scenarios/*.json, stepped forward and back
 //   (src/js/scenario.js), each step explained in plain words.
+// - What-if: a workload run with the core's simulate() in a web worker, its per-second series
+//   plotted beside the rule of docs/slo.md (src/js/whatif-panel.js).
 //
 // One requestAnimationFrame loop does everything: feed the core, then draw. Drawing reads the
 // core's cheap getters every frame and the expensive ones (objects, metrics) a few times a
@@ -16,6 +18,7 @@ import { StorePanel, RequestsPanel, LogPanel, MetricsPanel, logLine } from "./pa
 import { Playground, RING_PRESETS } from "./playground.js";
 import { ScenarioRun, stepSummary, requestText } from "./scenario.js";
 import { explainStep, explainTimers, statusText, readText, CLOSE_TEXT } from "./explain.js";
+import { WhatIfPanel } from "./whatif-panel.js";
 import { h, esc, secText, TYPE_COLOR } from "./util.js";
 
 const $ = (id) => document.getElementById(id);
@@ -65,6 +68,11 @@ export class App {
     this.requests = new RequestsPanel($("requests"));
     this.log = new LogPanel($("log"));
     this.metrics = new MetricsPanel($("metrics"));
+    this.whatif = new WhatIfPanel(wc, {
+      explain: (title, html) => this.explain(title, html),
+      profile: (p) => this.mode === "whatif" && this.setProfileButtons(p, true, "the workload sets the profile (config.profile)"),
+      clock: (text) => this.mode === "whatif" && ($("clock").textContent = text),
+    });
     this.wireControls();
     this.buildLibrary();
   }
@@ -72,6 +80,7 @@ export class App {
   // ----- the current core --------------------------------------------------------------------
 
   get cacher() {
+    if (this.mode === "whatif") return null;
     return this.mode === "playground" ? this.pg?.cacher : this.run?.cacher;
   }
 
@@ -298,7 +307,7 @@ export class App {
       `A new cacher (${this.settings.profile})`,
       `<p>The cacher starts <b>pending</b>: its ready gate is closed and it serves nothing. Its reflector lists etcd (${r.step.objects.length} objects at revision ${r.step.rv}) and hands the list to the cache (<code>Replace</code>): the store is filled, the ring is empty, and the <b>gate opens</b>.</p>` +
         `<p>Now write objects, start watchers, list, and let time run — or try one of these little demos:</p>` +
-        `<p class="tries"><button class="chip" data-try="slow">a slow watcher is cut off</button> <button class="chip" data-try="lag">a slow watcher lags, then catches up</button> <button class="chip" data-try="gone">410: watch from a too-old RV</button> <button class="chip" data-try="restart">etcd restarts: relist</button> <button class="chip" data-try="load">⚡ 10 000 events/s</button> <button class="chip" data-try="library">the scenario library</button></p>` +
+        `<p class="tries"><button class="chip" data-try="slow">a slow watcher is cut off</button> <button class="chip" data-try="lag">a slow watcher lags, then catches up</button> <button class="chip" data-try="gone">410: watch from a too-old RV</button> <button class="chip" data-try="restart">etcd restarts: relist</button> <button class="chip" data-try="load">⚡ 10 000 events/s</button> <button class="chip" data-try="library">the scenario library</button> <button class="chip" data-try="whatif">what if clients stay away longer than the window?</button></p>` +
         `<p class="hint">Ring: capacity ${c.window().capacity}${this.settings.ring === "small" ? " (small on purpose, so it fills, grows and slides)" : ""}; bookmarks every ${this.settings.bookmarkMs / 1000} s.</p>`,
     );
     this.refreshKeys();
@@ -667,12 +676,22 @@ export class App {
     this.mode = mode;
     $("tab-play").setAttribute("aria-selected", String(mode === "playground"));
     $("tab-scen").setAttribute("aria-selected", String(mode === "scenario"));
+    $("tab-whatif").setAttribute("aria-selected", String(mode === "whatif"));
     $("controls-play").hidden = mode !== "playground";
     $("controls-scen").hidden = mode !== "scenario";
+    $("controls-whatif").hidden = mode !== "whatif";
     $("transport-play").hidden = mode !== "playground";
     $("transport-scen").hidden = mode !== "scenario";
+    $("transport-whatif").hidden = mode !== "whatif";
     $("scen-head").hidden = mode !== "scenario" || !this.run;
     $("steps-card").hidden = mode !== "scenario" || !this.run;
+    // What-if has its own center (results, plots, JSON) and the rule beside them.
+    const whatif = mode === "whatif";
+    $("whatif").hidden = !whatif;
+    $("live-views").hidden = whatif;
+    $("wi-verdict-card").hidden = !whatif;
+    for (const id of ["primer", "legend", "log-card"]) $(id).hidden = whatif;
+    $("clock").textContent = "t = 0.000 s"; // each mode shows its own time
     document.body.dataset.mode = mode;
     this.load.on = false;
     this.updateLoadButton();
@@ -682,6 +701,8 @@ export class App {
     if (mode === "playground") {
       this.setProfileButtons(this.settings.profile, false);
       this.startPlayground();
+    } else if (mode === "whatif") {
+      this.whatif.show().catch((e) => this.whatif.showError("The What-if tab could not start", e.message));
     } else {
       this.sPlaying = false;
       if (this.run) {
@@ -695,18 +716,19 @@ export class App {
     }
   }
 
-  setProfileButtons(profile, locked) {
+  setProfileButtons(profile, locked, why = "the scenario sets the profile") {
     for (const b of $("profile").querySelectorAll("button")) {
       b.setAttribute("aria-checked", String(b.dataset.profile === profile));
       b.disabled = locked && b.dataset.profile !== profile;
     }
-    $("profile").title = locked ? "the scenario sets the profile" : "Kubernetes behaviour: v1.30.3, or v1.34";
+    $("profile").title = locked ? why : "Kubernetes behaviour: v1.30.3, or v1.34";
   }
 
   wireControls() {
     const on = (id, ev, fn) => $(id).addEventListener(ev, fn);
     on("tab-play", "click", () => this.setMode("playground"));
     on("tab-scen", "click", () => this.setMode("scenario"));
+    on("tab-whatif", "click", () => this.setMode("whatif"));
     for (const b of $("profile").querySelectorAll("button")) {
       b.addEventListener("click", () => {
         if (this.mode !== "playground") return;
@@ -866,6 +888,7 @@ export class App {
       restart: [watch({ allow_bookmarks: true, consume: "auto" }), () => this.userAction(() => pg().restartEtcd()), adv(1000), adv(1000)],
       load: [watch({ allow_bookmarks: true, consume: "auto" }), watch({ label_selector: "app=web", consume: "auto" }), () => this.toggleLoad()],
       library: [() => this.loadScenario("watch_too_old_rv_gets_410.json")],
+      whatif: [() => this.setMode("whatif")],
     };
     const steps = demos[name] ?? [];
     steps.forEach((fn, i) => setTimeout(() => this.mode === "playground" && fn(), i * 650));
