@@ -19,7 +19,7 @@ GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && ech
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host setup-rust setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host validate-slo setup-rust setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -77,6 +77,9 @@ bench-wasm: wasm ## replay of a 100 000-event scenario, wasm (Node) vs native (f
 bench: setup-rust ## criterion benchmarks of the core (figures in BENCHMARKS.md)
 	$(CARGO) bench -p cacher-core --bench core
 
+# Workloads for validate-slo (default: every scenarios/simulate/validate_*.json).
+SLO_FILES ?=
+
 # Flags for bench_host (e.g. BENCH_HOST_ARGS=--quick for a smoke run; --help lists them).
 BENCH_HOST_ARGS ?=
 
@@ -84,6 +87,10 @@ bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs et
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
 	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
 	  $(ROOT)/target/release/examples/bench_host $(BENCH_HOST_ARGS)
+
+validate-slo: setup-rust setup-etcd ## simulate() against the real watchcache + etcd for scenarios/simulate/validate_*.json (about 9 min; docs/slo.md)
+	$(CARGO) build -q --release -p host-etcd --bin watchcache --example slo_validate
+	WATCHCACHE_ETCD_BIN=$(TOOLS)/bin/etcd $(ROOT)/target/release/examples/slo_validate --watchcache $(ROOT)/target/release/watchcache $(SLO_FILES)
 
 setup-rust: setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
