@@ -56,7 +56,8 @@ python: setup-python ## build the Python extension (abi3 wheel) and install it i
 	PATH="$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ROOT)/target $(VENV)/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./bindings-python
 
 test-python: python ## pytest: scenarios, API, errors, hypothesis, stubs, doctests, the notebooks
-	cd bindings-python && $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+	$(CARGO) build -q -p host-etcd --bin watchcache
+	cd bindings-python && WATCHCACHE_CLI=$(ROOT)/target/debug/watchcache $(VENV)/bin/python -m pytest -q -p no:cacheprovider -rs tests
 
 bench-python: python ## replay of a 100 000-event scenario, Python vs Rust (figures in BENCHMARKS.md)
 	$(CARGO) build -q --release -p cacher-core --example replay_bench

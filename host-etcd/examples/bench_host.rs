@@ -1115,7 +1115,7 @@ async fn start_target(env: &Env, kind: Kind) -> Result<Target, String> {
                 "127.0.0.1:{}",
                 host_etcd::etcd_launcher::free_port().map_err(|e| e.to_string())?
             );
-            let args = vec![
+            let mut args: Vec<String> = vec![
                 "serve".into(),
                 "--etcd-endpoints".into(),
                 env.etcd_addr.clone(),
@@ -1126,6 +1126,10 @@ async fn start_target(env: &Env, kind: Kind) -> Result<Target, String> {
                 "--prefix".into(),
                 PREFIX.into(),
             ];
+            // Extra flags for the server (e.g. BENCH_WATCHCACHE_ARGS="--batch-linger 2ms").
+            if let Ok(extra) = std::env::var("BENCH_WATCHCACHE_ARGS") {
+                args.extend(extra.split_whitespace().map(str::to_owned));
+            }
             let log_env = std::env::var("BENCH_WATCHCACHE_LOG").unwrap_or_else(|_| "info".into());
             let p = Proc::spawn(
                 "watchcache",

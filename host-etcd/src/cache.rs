@@ -380,12 +380,19 @@ pub(crate) struct CacheTask {
     batches: HashMap<RequestId, Vec<WatchEvent>>,
     batch_order: Vec<RequestId>,
     encoded: HashMap<(usize, bool), Bytes>,
-    /// Single-event batches, encoded once and shared by every watcher with the same options.
-    shared: HashMap<(usize, bool), Arc<[EncodedEvent]>>,
+    /// Batches without filtering, encoded once and shared by every watcher that gets the same
+    /// events with the same options: (first event, last event, count, prev_kv).
+    /// The events' addresses are kept to tell apart batches with the same ends.
+    shared: HashMap<SharedKey, (Vec<usize>, Arc<[EncodedEvent]>)>,
+
     /// One copy of each watched range, so that the core checks a range once per event for all
     /// the watchers that share it.
     interned: HashMap<KeyRange, KeyRange>,
 }
+
+/// A batch's identity for sharing its encoding: its first and last events' addresses, its
+/// length, `prev_kv`.
+type SharedKey = (usize, usize, usize, bool);
 
 /// Creates a cache task for `prefix` and its handle; the caller spawns [`CacheTask::run`] and
 /// the reflector with the returned control receiver.
@@ -829,31 +836,60 @@ impl CacheTask {
         let n = events.len() as u64;
         match self.routes.get(&id) {
             Some(Route::Etcd { tag, sink, prev_kv, no_put, no_delete, min_rev }) => {
-                // The common case: one event that passes the filters; its encoding is shared
-                // by every watcher with the same options (no per-watcher copy).
-                if let [WatchEvent::Change(_, ev)] = events.as_slice() {
-                    let filtered = if ev.is_delete() { *no_delete } else { *no_put };
-                    let passes = ev.rv() >= *min_rev && !filtered;
-                    if passes {
-                        let key = (Arc::as_ptr(ev) as usize, *prev_kv);
-                        let shared = self
-                            .shared
-                            .entry(key)
-                            .or_insert_with(|| {
-                                Arc::from(vec![EncodedEvent {
-                                    rev: ev.rv(),
-                                    bytes: encode_event_field(ev, *prev_kv),
-                                }])
+                // The common case: every event passes the filters; the batch's encoding is
+                // shared by every watcher that gets the same events with the same options (no
+                // per-watcher copy).
+                let passes = |e: &WatchEvent| match e {
+                    WatchEvent::Change(_, ev) => {
+                        let filtered = if ev.is_delete() { *no_delete } else { *no_put };
+                        ev.rv() >= *min_rev && !filtered
+                    }
+                    _ => false,
+                };
+                if let (Some(WatchEvent::Change(_, first)), Some(WatchEvent::Change(_, last))) =
+                    (events.first(), events.last())
+                {
+                    if events.iter().all(passes) {
+                        let key = (
+                            Arc::as_ptr(first) as usize,
+                            Arc::as_ptr(last) as usize,
+                            events.len(),
+                            *prev_kv,
+                        );
+                        let ptrs = || {
+                            events.iter().filter_map(|e| match e {
+                                WatchEvent::Change(_, ev) => Some(Arc::as_ptr(ev) as usize),
+                                _ => None,
                             })
-                            .clone();
-                        self.metrics.add_delivered(1);
-                        let _ = sink.send(SessionEvent::Events {
-                            tag: *tag,
-                            header_rev,
-                            events: shared,
-                            credit: 1,
+                        };
+                        let encoded = &mut self.encoded;
+                        let (seen, shared) = self.shared.entry(key).or_insert_with(|| {
+                            let list = events
+                                .iter()
+                                .filter_map(|e| match e {
+                                    WatchEvent::Change(_, ev) => Some(EncodedEvent {
+                                        rev: ev.rv(),
+                                        bytes: encoded
+                                            .entry((Arc::as_ptr(ev) as usize, *prev_kv))
+                                            .or_insert_with(|| encode_event_field(ev, *prev_kv))
+                                            .clone(),
+                                    }),
+                                    _ => None,
+                                })
+                                .collect::<Vec<_>>();
+                            (ptrs().collect(), list.into())
                         });
-                        return;
+                        if seen.iter().copied().eq(ptrs()) {
+                            let shared = shared.clone();
+                            self.metrics.add_delivered(n);
+                            let _ = sink.send(SessionEvent::Events {
+                                tag: *tag,
+                                header_rev,
+                                events: shared,
+                                credit: n,
+                            });
+                            return;
+                        }
                     }
                 }
                 let mut out: Vec<EncodedEvent> = Vec::with_capacity(events.len());
