@@ -505,7 +505,13 @@ async fn kube_watch(ctx: Arc<Ctx>, ci: usize, md: MetadataMap, req: WatchRequest
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let _cancel = CancelOnDrop(cache.clone(), id);
-        while let Some(item) = items.recv().await {
+        loop {
+            // A client that went away ends the watch at once, not at its next event.
+            let item = tokio::select! {
+                item = items.recv() => item,
+                _ = tx.closed() => return,
+            };
+            let Some(item) = item else { return };
             match item {
                 KubeItem::Events(events) => {
                     let n = events.len() as u64;
@@ -595,6 +601,8 @@ async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Res
         loop {
             let m = tokio::select! {
                 _ = &mut deadline => break,
+                // The client went away: end the upstream watch too.
+                _ = tx.closed() => break,
                 m = stream.message() => m,
             };
             let Ok(Some(resp)) = m else { break };

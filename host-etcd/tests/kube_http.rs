@@ -242,3 +242,38 @@ async fn health_readiness_metrics_and_debug_state() {
     assert_eq!(state["caches"][0]["ready"], true);
     assert!(state["caches"][0]["window"]["capacity"].as_u64().is_some());
 }
+
+/// A client that goes away ends its watch at once, even when nothing is sent to it: the
+/// server must not keep dead watchers (and their queues) until their next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_client_goes_away_without_events() {
+    let env = Env::start().await;
+    let rev = pods(&env, 4).await;
+    env.wait_cache_rev(rev).await;
+    let base = env.http();
+    let metrics = format!("{base}/metrics");
+    let watchers = || support::metric(&metrics, "watchcache_watchers", "");
+    let client = reqwest::Client::new();
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .get(format!(
+                "{base}/kube/registry/pods/?watch=true&resourceVersion={rev}&labelSelector=app%3Dnone"
+            ))
+            .send()
+            .await
+            .expect("watch");
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    assert_eq!(watchers().await, 3.0);
+    drop(open);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while watchers().await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dead watches still held 5 s after their clients left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
