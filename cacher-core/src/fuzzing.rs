@@ -1,5 +1,7 @@
 //! Entry points shared by the fuzz targets (`fuzz/`) and the tests that replay committed
 //! crashers (`tests/fuzz_regressions.rs`). Each must never panic, whatever the bytes.
+//!
+//! Kubernetes counterpart: none (the cacher has no fuzz targets; its tests are tables).
 
 use alloc::string::String;
 use alloc::vec::Vec;

@@ -2,6 +2,8 @@
 //!
 //! Lookups only: nothing the core outputs depends on hash iteration order, and the hasher has no
 //! random seed, so every host (native, wasm, Python) behaves the same.
+//!
+//! Kubernetes counterpart: none (Go maps are built in).
 
 use core::hash::{BuildHasher, Hasher};
 

@@ -6,6 +6,9 @@
 //! byte, on every host. Malformed scenarios are a [`ScenarioError`] naming the step and field;
 //! a malformed *request* inside a well-formed step is not an error but a `REJECTED` record, as
 //! a client would see it.
+//!
+//! Kubernetes counterpart: the table-driven tests of `pkg/storage/cacher/` (`cacher_test.go`,
+//! `watch_cache_test.go`) and their fake clock, written down as data.
 
 use alloc::borrow::ToOwned;
 use alloc::boxed::Box;
@@ -203,71 +206,117 @@ pub struct ListSpec {
     field_selector: String,
 }
 
-/// A step's operation.
+/// A step's operation (the `op` of a scenario step; DESIGN.md spells each one).
 #[derive(Clone, Debug)]
-#[allow(missing_docs)]
 pub enum Op {
+    /// `replace`: the storage's list at `rv` replaces everything the cache holds.
     Replace {
+        /// The list's revision.
         rv: u64,
+        /// Every object at that revision.
         objects: Vec<Object>,
     },
+    /// `put`: an object created or updated at `rv`.
     Put {
+        /// The revision.
         rv: u64,
+        /// The object as stored.
         object: Object,
     },
+    /// `delete`: a key deleted at `rv`.
     Delete {
+        /// The revision.
         rv: u64,
+        /// The deleted key.
         key: String,
     },
+    /// `txn`: several changes in one revision.
     Txn {
+        /// The revision.
         rv: u64,
+        /// The changes, in order.
         changes: Vec<Change>,
     },
+    /// `progress`: a storage progress notify at `rv`.
     Progress {
+        /// The revision storage has reached.
         rv: u64,
     },
+    /// `storage_error`: the storage watch failed.
     StorageError {
+        /// Why.
         reason: String,
     },
+    /// `etcd_rv`: the storage's current revision, as a quorum read answers it.
     EtcdRv {
+        /// The revision.
         rv: u64,
     },
+    /// `compact`: storage compacted up to `rv`.
     Compact {
+        /// The compaction revision.
         rv: u64,
     },
+    /// `watch`: a client watch request.
     Watch {
+        /// The scenario's name for it.
         id: String,
+        /// The request as written.
         spec: Box<WatchSpec>,
     },
+    /// `consume`: the client of watch `id` reads up to `max` events (all if `None`).
     Consume {
+        /// The watch.
         id: String,
+        /// How many at most.
         max: Option<u64>,
     },
+    /// `credit`: the host grants watch `id` credit for `n` more events.
     Credit {
+        /// The watch.
         id: String,
+        /// How many.
         n: u64,
     },
+    /// `stop_watch`: the client of watch `id` goes away.
     StopWatch {
+        /// The watch.
         id: String,
     },
+    /// `list`: a client list request.
     List {
+        /// The scenario's name for it.
         id: String,
+        /// The request as written.
         spec: Box<ListSpec>,
     },
+    /// `get`: a client get of one key.
     Get {
+        /// The scenario's name for it.
         id: String,
+        /// The key.
         key: String,
+        /// Its resourceVersion parameter.
         rv: String,
     },
+    /// `range`: an etcd-style Range.
     Range {
+        /// The scenario's name for it.
         id: String,
+        /// The key (or the range's start).
         key: String,
+        /// The range's end, if any.
         range_end: Option<String>,
+        /// At this revision (0: latest).
         revision: u64,
+        /// A linearizable read.
         linearizable: bool,
+        /// At most this many keys (0: no limit).
         limit: u64,
     },
+    /// `stop_cacher`: the cacher stops.
     StopCacher,
+    /// `advance`: time passes to the step's `at`, nothing else.
     Advance,
 }
 

@@ -29,7 +29,7 @@ struct Cli {
 enum Command {
     /// Serve etcd's gRPC API (and HTTP) from a watch cache in front of etcd.
     Serve(Box<ServeArgs>),
-    /// Replay a scenario file and print its trace (JSON lines).
+    /// Replay a scenario file and print its trace (a JSON array of records, as the goldens).
     Replay {
         /// The scenario (JSON).
         file: PathBuf,

@@ -320,7 +320,8 @@ test("load: 10 000 events/s while animating at about 60 frames per second", asyn
   const report = { frames: result.frames.length, medianFrameMs: +median.toFixed(2), p95FrameMs: +p95.toFixed(2), fps: +(1000 / median).toFixed(1), eventsPerSecond: Math.round(rate) };
   writeFileSync(join(artifacts, "frame-rate.json"), JSON.stringify(report, null, 2) + "\n");
   console.log(`# load: ${JSON.stringify(report)}`);
-  assert.ok(median <= 20, `median frame interval ${median} ms > 20 ms`);
+  // 60 fps: the median frame at the display's 16.7 ms, with a little timer jitter allowed.
+  assert.ok(median <= 17.5, `median frame interval ${median} ms > 17.5 ms (under 57 fps)`);
   assert.ok(rate >= 9000, `only ${rate} events/s written`);
   const d = await stageData(page);
   assert.ok(Number(d.capacity) >= 4096, `the ring grew (capacity ${d.capacity})`);

@@ -2,6 +2,8 @@
 
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union, final
 
+__all__ = ["__version__", "replay", "replay_json", "simulate", "Cacher", "Window", "WatcherInfo", "WatchItem", "WatchStarted", "WatchError", "WatchClosed", "WatchDelegated", "ReadResult", "RangeResult", "Item", "Rejected", "RequestProgress", "NeedCurrentRevision", "Relist"]
+
 __version__: str
 
 _Scenario = Union[str, Dict[str, Any]]
