@@ -134,3 +134,121 @@ impl Initial {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! After `watch_cache_interval_test.go`: the buffer is filled `size` entries of the ring at a
+    //! time, filtered for the watcher, until the interval is exhausted; an interval whose next
+    //! index the ring has evicted is invalidated instead of skipping events.
+    use alloc::collections::VecDeque;
+    use alloc::sync::Arc;
+
+    use super::*;
+    use crate::event::Event;
+    use crate::key::KeyRange;
+    use crate::object::Object;
+    use crate::request::SlowPolicy;
+    use crate::ring::RingConfig;
+    use crate::time::Timestamp;
+    use crate::watcher::{BookmarkState, Flow, Placement};
+    use crate::RequestId;
+
+    fn ring(capacity: usize) -> Ring {
+        Ring::new(RingConfig {
+            capacity,
+            lower_bound: capacity,
+            upper_bound: capacity,
+            dynamic: false,
+            event_fresh_ms: 75_000,
+        })
+    }
+
+    /// Events at revisions 1..=n, alternating between `/a/` and `/b/`.
+    fn fill(r: &mut Ring, from: u64, n: u64) {
+        for rv in from..from + n {
+            let key = if rv % 2 == 1 { format!("/a/{rv}") } else { format!("/b/{rv}") };
+            let ev = Event::put(
+                Arc::new(Object::new(key.as_bytes(), Some(b"v"), rv)),
+                None,
+                Timestamp::from_millis(rv),
+            );
+            r.push(Arc::new(ev), Timestamp::from_millis(rv));
+        }
+    }
+
+    fn watcher(prefix: &str) -> Watcher {
+        Watcher {
+            id: RequestId(1),
+            range: KeyRange::kubernetes(prefix, true).expect("a range"),
+            selector: None,
+            rv: 0,
+            last_sent_rv: 0,
+            last_queued_rv: 0,
+            allow_bookmarks: false,
+            bookmark_after_rv: 0,
+            bookmark_state: BookmarkState::Sent,
+            end_bookmark: None,
+            deadline: None,
+            credit: u64::MAX,
+            policy: SlowPolicy::Terminate,
+            chan_size: 10,
+            queue_cap: 10,
+            queue: VecDeque::new(),
+            initial: None,
+            flow: Flow::Active,
+            placement: Placement::Scope { namespace: "".into(), name: "".into() },
+        }
+    }
+
+    #[test]
+    fn fills_size_ring_entries_at_a_time_filtered_for_the_watcher() {
+        let mut r = ring(100);
+        fill(&mut r, 1, 10);
+        let w = watcher("/a/");
+        let mut it = Initial::from_ring(r.start_index(), r.end_index());
+        let mut sizes = Vec::new();
+        loop {
+            let before = it.buffer.len();
+            match it.refill(&w, &r, 4) {
+                Refill::More => sizes.push(it.buffer.len() - before),
+                Refill::Exhausted => break,
+                Refill::Invalidated(m) => panic!("invalidated: {m}"),
+            }
+        }
+        // Ring entries 0..4, 4..8, 8..10: two, two and one of them under /a/.
+        assert_eq!(sizes, [2, 2, 1]);
+        let rvs: Vec<u64> = it.buffer.iter().map(WatchEvent::rv).collect();
+        assert_eq!(rvs, [1, 3, 5, 7, 9]);
+        assert!(it.is_source_exhausted());
+    }
+
+    #[test]
+    fn an_empty_interval_is_exhausted_at_once() {
+        let r = ring(10);
+        let mut it = Initial::from_ring(r.start_index(), r.end_index());
+        assert!(matches!(it.refill(&watcher("/a/"), &r, 4), Refill::Exhausted));
+        assert!(it.buffer.is_empty());
+    }
+
+    #[test]
+    fn an_interval_the_ring_evicted_is_invalidated_not_skipped() {
+        let mut r = ring(4);
+        fill(&mut r, 1, 4);
+        let w = watcher("/a/");
+        let mut it = Initial::from_ring(r.start_index(), r.end_index());
+        assert!(matches!(it.refill(&w, &r, 2), Refill::More));
+        // Two more events evict ring entries 0 and 1; the interval's next index (2) is still
+        // in the ring, so the replay goes on.
+        fill(&mut r, 5, 2);
+        assert!(matches!(it.refill(&w, &r, 2), Refill::More));
+        // An interval that has not started yet, then four events evict its first entries.
+        let mut late = Initial::from_ring(r.start_index(), r.end_index());
+        fill(&mut r, 7, 4);
+        match late.refill(&w, &r, 2) {
+            Refill::Invalidated(m) => {
+                assert!(m.starts_with("cache interval invalidated, interval startIndex:"), "{m}")
+            }
+            _ => panic!("an evicted interval must be invalidated"),
+        }
+    }
+}
