@@ -140,18 +140,14 @@ mod tests {
     //! After `watch_cache_interval_test.go`: the buffer is filled `size` entries of the ring at a
     //! time, filtered for the watcher, until the interval is exhausted; an interval whose next
     //! index the ring has evicted is invalidated instead of skipping events.
-    use alloc::collections::VecDeque;
     use alloc::sync::Arc;
 
     use super::*;
     use crate::event::Event;
     use crate::key::KeyRange;
     use crate::object::Object;
-    use crate::request::SlowPolicy;
     use crate::ring::RingConfig;
     use crate::time::Timestamp;
-    use crate::watcher::{BookmarkState, Flow, Placement};
-    use crate::RequestId;
 
     fn ring(capacity: usize) -> Ring {
         Ring::new(RingConfig {
@@ -177,27 +173,7 @@ mod tests {
     }
 
     fn watcher(prefix: &str) -> Watcher {
-        Watcher {
-            id: RequestId(1),
-            range: KeyRange::kubernetes(prefix, true).expect("a range"),
-            selector: None,
-            rv: 0,
-            last_sent_rv: 0,
-            last_queued_rv: 0,
-            allow_bookmarks: false,
-            bookmark_after_rv: 0,
-            bookmark_state: BookmarkState::Sent,
-            end_bookmark: None,
-            deadline: None,
-            credit: u64::MAX,
-            policy: SlowPolicy::Terminate,
-            chan_size: 10,
-            queue_cap: 10,
-            queue: VecDeque::new(),
-            initial: None,
-            flow: Flow::Active,
-            placement: Placement::Scope { namespace: "".into(), name: "".into() },
-        }
+        Watcher::for_tests(KeyRange::kubernetes(prefix, true).expect("a range"))
     }
 
     #[test]
