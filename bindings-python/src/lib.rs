@@ -4,6 +4,8 @@
 //! argument), the error mapping to the exception classes of `watchcache._errors`, and output
 //! objects. All behaviour lives in the core; nothing here decides anything.
 
+use std::collections::VecDeque;
+
 use cacher_core::replay::{self as core_replay, Record, ScenarioError};
 use cacher_core::simulate as core_simulate;
 use cacher_core::{
@@ -958,7 +960,10 @@ fn outputs_of(py: Python<'_>, at: u64, out: &Output, sink: &Bound<'_, PyList>) -
 struct Cacher {
     core: CoreCacher,
     /// Outputs produced but not yet read, with the time they were produced at.
-    buffered: Vec<(u64, Output)>,
+    buffered: VecDeque<(u64, Output)>,
+    /// The items of an output that `poll_output` has started on (a fan-out, or several events
+    /// for one watcher): read before anything in `buffered`.
+    expanded: VecDeque<Py<PyAny>>,
     now_ms: u64,
     etcd_rv: u64,
     max_stored_rv: u64,
@@ -973,13 +978,13 @@ impl Cacher {
             if let Output::NeedCurrentRevision { request } = &out {
                 if self.auto_current_revision {
                     let request = *request;
-                    self.buffered.push((at, out));
+                    self.buffered.push_back((at, out));
                     let answer = self.etcd_rv.max(self.max_stored_rv);
                     self.core.handle_current_revision(now(at), request, answer);
                     continue;
                 }
             }
-            self.buffered.push((at, out));
+            self.buffered.push_back((at, out));
         }
     }
 
@@ -1035,7 +1040,8 @@ impl Cacher {
         })?;
         Ok(Cacher {
             core,
-            buffered: Vec::new(),
+            buffered: VecDeque::new(),
+            expanded: VecDeque::new(),
             now_ms: 0,
             etcd_rv: 0,
             max_stored_rv: 0,
@@ -1378,29 +1384,30 @@ impl Cacher {
 
     /// The next output, or None.
     fn poll_output(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if self.buffered.is_empty() {
-            return Ok(None);
+        if let Some(item) = self.expanded.pop_front() {
+            return Ok(Some(item));
         }
-        let (at, out) = self.buffered.remove(0);
-        let list = PyList::empty(py);
-        outputs_of(py, at, &out, &list)?;
-        // A fan-out expands to several items: keep the rest for the next polls.
-        if list.len() == 1 {
-            return Ok(Some(list.get_item(0)?.unbind()));
-        }
-        let first = list.get_item(0)?.unbind();
-        if let Output::Fanout { event, targets } = out {
-            if targets.len() > 1 {
-                self.buffered
-                    .insert(0, (at, Output::Fanout { event, targets: targets[1..].into() }));
+        // Outputs that expand to no item (none do today) are skipped, not returned as None.
+        while let Some((at, out)) = self.buffered.pop_front() {
+            let list = PyList::empty(py);
+            outputs_of(py, at, &out, &list)?;
+            // A fan-out, or several events for one watcher, is several items: keep the rest
+            // for the next polls, in order.
+            let mut items = list.iter().map(Bound::unbind);
+            if let Some(first) = items.next() {
+                self.expanded.extend(items);
+                return Ok(Some(first));
             }
         }
-        Ok(Some(first))
+        Ok(None)
     }
 
     /// Every output produced so far, in order (fan-outs as one item per watcher).
     fn drain<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
+        for item in std::mem::take(&mut self.expanded) {
+            list.append(item)?;
+        }
         for (at, out) in std::mem::take(&mut self.buffered) {
             outputs_of(py, at, &out, &list)?;
         }

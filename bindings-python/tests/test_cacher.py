@@ -128,3 +128,35 @@ def test_big_resource_versions_stay_exact():
     assert watchcache.replay({"steps": [{"at": 0, "op": "replace", "rv": str(2**64 - 2)},
                                         {"at": 1, "op": "put", "rv": 2**64 - 1, "object": {"key": "/a"}},
                                         {"at": 2, "op": "list", "id": "l", "key": "/", "rv": "0"}]})[0]["rv"] == 2**64 - 1
+
+
+def test_polling_gives_exactly_what_draining_gives():
+    # One output can be several items: a fan-out (one event, several watchers) and a manual
+    # consume (several events for one watcher). poll_output must return each item once, in
+    # order, and drain after a partial poll must neither lose nor repeat any.
+    def run():
+        c = watchcache.Cacher(dispatch_tick_jitter=0)
+        c.handle_replace(0, 100, [])
+        for _ in range(3):
+            c.start_watch(0, "/pods/", rv="100")
+        slow = c.start_watch(0, "/pods/", rv="100", consume="manual")
+        for rv in range(101, 105):
+            c.handle_put(10, pod("p", rv))
+        assert c.consume(20, slow) == 4
+        return c
+
+    def key(o):
+        return repr(o.to_dict())
+
+    drained = [key(o) for o in run().drain()]
+    assert len(drained) >= 3 * 4 + 4
+    c = run()
+    polled = []
+    while (o := c.poll_output()) is not None:
+        polled.append(key(o))
+    assert polled == drained
+    # Half by polling, the rest by draining.
+    c = run()
+    half = [key(c.poll_output()) for _ in range(len(drained) // 2)]
+    assert half + [key(o) for o in c.drain()] == drained
+    assert c.poll_output() is None
