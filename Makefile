@@ -68,8 +68,9 @@ wasm: setup-wasm ## build bindings-wasm/pkg (web) and bindings-wasm/pkg-node (No
 	$(TOOLS)/bin/wasm-bindgen --target web --out-dir bindings-wasm/pkg --out-name watchcache $(WASM_OUT)
 	$(TOOLS)/bin/wasm-bindgen --target nodejs --out-dir bindings-wasm/pkg-node --out-name watchcache $(WASM_OUT)
 
-test-wasm: wasm ## Node tests of the wasm package (node --test)
-	cd bindings-wasm && node --test tests/
+# tsc (TypeScript, from web-demo's npm packages) type-checks the package's declarations.
+test-wasm: wasm $(ROOT)/web-demo/node_modules/.package-lock.json ## Node tests of the wasm package (node --test), tsc on its .d.ts
+	cd bindings-wasm && TSC=$(ROOT)/web-demo/node_modules/.bin/tsc node --test tests/
 
 bench-wasm: wasm ## replay of a 100 000-event scenario, wasm (Node) vs native (figures in BENCHMARKS.md)
 	$(CARGO) build -q --release -p cacher-core --example replay_bench

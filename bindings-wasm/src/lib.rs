@@ -5,7 +5,7 @@
 //! count) cross as `BigInt`, never as lossy numbers; times (`at`, milliseconds) and request ids
 //! are numbers. `replayJson` returns the trace as the exact JSON text the Rust replayer prints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use cacher_core::replay::{self as core_replay, Record, ScenarioError};
 use cacher_core::simulate as core_simulate;
@@ -367,8 +367,10 @@ fn scenario_trace(scenario: &JsValue) -> Result<Vec<Record>, JsValue> {
 
 /// Replays a scenario (an object, or its JSON text) and returns its trace: an array of
 /// records with `at` in milliseconds (a number) and resource versions as BigInt.
-#[wasm_bindgen]
-pub fn replay(scenario: JsValue) -> Result<JsValue, JsValue> {
+#[wasm_bindgen(unchecked_return_type = "TraceRecord[]")]
+pub fn replay(
+    #[wasm_bindgen(unchecked_param_type = "ScenarioInput")] scenario: JsValue,
+) -> Result<JsValue, JsValue> {
     let trace = scenario_trace(&scenario)?;
     let out = Array::new_with_length(trace.len() as u32);
     for (i, r) in trace.iter().enumerate() {
@@ -380,7 +382,9 @@ pub fn replay(scenario: JsValue) -> Result<JsValue, JsValue> {
 /// Replays a scenario and returns the trace as JSON text, byte for byte what the Rust replayer
 /// prints (the golden-file format; resource versions are exact JSON integers).
 #[wasm_bindgen(js_name = replayJson)]
-pub fn replay_json(scenario: JsValue) -> Result<String, JsValue> {
+pub fn replay_json(
+    #[wasm_bindgen(unchecked_param_type = "ScenarioInput")] scenario: JsValue,
+) -> Result<String, JsValue> {
     Ok(core_replay::trace_to_json(&scenario_trace(&scenario)?))
 }
 
@@ -390,8 +394,10 @@ pub fn replay_json(scenario: JsValue) -> Result<String, JsValue> {
 /// BigInt; seconds, shares, percentiles, capacities and watcher counts are numbers; a
 /// percentile without deliveries is null. A malformed workload throws a `ScenarioError` whose
 /// message names the field.
-#[wasm_bindgen]
-pub fn simulate(workload: JsValue) -> Result<JsValue, JsValue> {
+#[wasm_bindgen(unchecked_return_type = "SimulationReport")]
+pub fn simulate(
+    #[wasm_bindgen(unchecked_param_type = "ScenarioInput")] workload: JsValue,
+) -> Result<JsValue, JsValue> {
     let report = if let Some(text) = workload.as_string() {
         core_simulate::simulate_str(&text)
     } else if workload.is_object() && !Array::is_array(&workload) {
@@ -419,6 +425,439 @@ pub fn simulate(workload: JsValue) -> Result<JsValue, JsValue> {
 pub fn version() -> String {
     env!("CARGO_PKG_VERSION").into()
 }
+
+// ----- TypeScript declarations ---------------------------------------------------------------------
+
+// The shapes the functions below take and return, for `watchcache.d.ts`. The signatures refer
+// to them through `unchecked_param_type`/`unchecked_return_type`; tests/types.test.mjs checks
+// that no `any` is left.
+#[wasm_bindgen(typescript_custom_section)]
+const TS_TYPES: &'static str = r#"
+/** A JSON value as the scenario and workload formats take it (BigInts are exact integers). */
+export type JsonValue = null | undefined | boolean | number | bigint | string | JsonValue[] | JsonObject;
+/** A JSON object. */
+export interface JsonObject { [field: string]: JsonValue; }
+/**
+ * A scenario (the `scenarios/` format: `config`, `steps`, ...) or a workload (the
+ * `scenarios/simulate/` format), as an object or as JSON text. The core validates it and
+ * throws a `ScenarioError` naming the bad field.
+ */
+export type ScenarioInput = string | JsonObject;
+
+/**
+ * A resource version (or another unsigned 64-bit integer) on the way in: a safe-integer
+ * number, a BigInt or a decimal string. A number above 2^53 is refused with a TypeError.
+ * On the way out resource versions are always `bigint`.
+ */
+export type ResourceVersion = number | bigint | string;
+/** A key (or range end): a string (UTF-8) or raw bytes. */
+export type KeyInput = string | Uint8Array;
+
+/** An object from storage, in the scenario format. `null` fields count as absent. */
+export interface StorageObject {
+    key: string;
+    value?: string | null;
+    /** Its resourceVersion (defaults to the event's, where there is one). */
+    rv?: ResourceVersion | null;
+    labels?: Record<string, string> | null;
+    fields?: Record<string, string> | null;
+}
+/** An object of a put: `rv` is the event's resourceVersion and is required. */
+export type PutObject = StorageObject & { rv: ResourceVersion };
+/** One change of a transaction. */
+export type TxnChange = ["put", StorageObject] | ["delete", KeyInput];
+
+/** A config field that is an unsigned integer. */
+export type ConfigInteger = number | bigint | string;
+/** The cacher's configuration: the scenario's config fields (`null` counts as absent). */
+export interface CacherConfig {
+    profile?: "v1.30" | "v1.34" | "1.30" | "1.34" | null;
+    capacity?: ConfigInteger | null;
+    lower_bound_capacity?: ConfigInteger | null;
+    upper_bound_capacity?: ConfigInteger | null;
+    dynamic_capacity?: boolean | null;
+    event_fresh_ms?: ConfigInteger | null;
+    bookmark_frequency_ms?: ConfigInteger | null;
+    dispatch_tick_ms?: ConfigInteger | null;
+    dispatch_tick_jitter?: number | null;
+    freshness_timeout_ms?: ConfigInteger | null;
+    progress_request_interval_ms?: ConfigInteger | null;
+    budget_refill_ms_per_s?: ConfigInteger | null;
+    budget_max_ms?: ConfigInteger | null;
+    watch_chan_size?: ConfigInteger | null;
+    index_field?: string | null;
+    interval_buffer_size?: ConfigInteger | null;
+    request_timeout_ms?: ConfigInteger | null;
+    seed?: ConfigInteger | null;
+    watch_list?: boolean | null;
+    consistent_list_from_cache?: boolean | null;
+    resilient_initialization?: boolean | null;
+    list_from_cache_snapshot?: boolean | null;
+    watch_from_storage_without_rv?: boolean | null;
+    storage_supports_progress?: boolean | null;
+}
+/** The configuration in effect, as `Cacher.config()` returns it. */
+export interface CacherConfigInfo {
+    profile: "v1.30" | "v1.34";
+    capacity: number;
+    lower_bound_capacity: number;
+    upper_bound_capacity: number;
+    dynamic_capacity: boolean;
+    event_fresh_ms: number;
+    bookmark_frequency_ms: number;
+    dispatch_tick_ms: number;
+    dispatch_tick_jitter: number;
+    freshness_timeout_ms: number;
+    budget_refill_ms_per_s: number;
+    budget_max_ms: number;
+    watch_chan_size: number | null;
+    index_field: string | null;
+    watch_list: boolean;
+    consistent_list_from_cache: boolean;
+    resilient_initialization: boolean;
+    list_from_cache_snapshot: boolean;
+}
+
+/** Options of `Cacher.startWatch` (`null` counts as absent). */
+export interface WatchOptions {
+    /** Watch the key as a prefix (default true); ignored with `rangeEnd`. */
+    recursive?: boolean | null;
+    /** An etcd-style range end instead of a Kubernetes key. */
+    rangeEnd?: KeyInput | null;
+    /** The resourceVersion to watch from (absent: unset, as in Kubernetes). */
+    rv?: ResourceVersion | null;
+    sendInitialEvents?: boolean | null;
+    allowBookmarks?: boolean | null;
+    labelSelector?: string | null;
+    fieldSelector?: string | null;
+    timeoutMs?: number | bigint | string | null;
+    /** `"auto"` (default): the client keeps up; `"manual"`: it reads with `consume`/`grantCredit`. */
+    consume?: "auto" | "manual" | null;
+    /** What happens to a watcher whose queue is full (default `"terminate"`). */
+    slowPolicy?: "terminate" | "lag" | null;
+    queueCapacity?: number | bigint | string | null;
+}
+/** Options of `Cacher.list` (`null` counts as absent). */
+export interface ListOptions {
+    /** List the key as a prefix (default true). */
+    recursive?: boolean | null;
+    rv?: ResourceVersion | null;
+    rvMatch?: "Exact" | "NotOlderThan" | "" | null;
+    /** Page size (0: no limit). */
+    limit?: number | bigint | string | null;
+    /** The continue token of the previous page. */
+    continue?: string | null;
+    labelSelector?: string | null;
+    fieldSelector?: string | null;
+}
+/** Options of `Cacher.get`. */
+export interface GetOptions {
+    rv?: ResourceVersion | null;
+}
+/** Options of `Cacher.range` (etcd's Range). */
+export interface RangeOptions {
+    rangeEnd?: KeyInput | null;
+    /** The revision to read at (0: latest). */
+    revision?: ResourceVersion | null;
+    linearizable?: boolean | null;
+    limit?: number | bigint | string | null;
+}
+
+/** An object of a read result or of `Cacher.objects()`. */
+export interface Item {
+    key: string;
+    rv: bigint;
+    value: string | undefined;
+    labels: Record<string, string>;
+    fields: Record<string, string>;
+}
+
+/** An event delivered to a watcher. */
+export interface WatchEventOutput {
+    at: number;
+    type: "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK";
+    id: number;
+    /** Absent on bookmarks. */
+    key?: string;
+    rv: bigint;
+    value?: string;
+    /** On bookmarks: the end of the initial events. */
+    initialEventsEnd?: boolean;
+}
+/** A watch started: where its initial events come from. */
+export interface WatchStartedOutput {
+    at: number;
+    type: "STARTED";
+    id: number;
+    rv: bigint;
+    initial: "store" | "ring" | "none";
+}
+/** An ERROR on an open watch (a CLOSED follows). */
+export interface WatchErrorOutput {
+    at: number;
+    type: "ERROR";
+    id: number;
+    code: number;
+    reason: string;
+    message: string;
+    retryAfterS?: number;
+}
+/** A request refused (the status of the error a server would return). */
+export interface RejectedOutput {
+    at: number;
+    type: "REJECTED";
+    id: number;
+    code: number;
+    reason: string;
+    message: string;
+    retryAfterS?: number;
+}
+/** A watch ended. */
+export interface WatchClosedOutput {
+    at: number;
+    type: "CLOSED";
+    id: number;
+    cause: "unresponsive" | "stopped" | "reinitializing" | "timeout" | "error";
+    lastRv: bigint;
+    message?: string;
+}
+/** A watch the cache sends to storage. */
+export interface WatchDelegatedOutput {
+    at: number;
+    type: "WATCH";
+    id: number;
+    source: "storage";
+    reason: string;
+}
+/** A list or get the cache sends to storage. */
+export interface ReadDelegatedOutput {
+    at: number;
+    type: "LIST" | "GET";
+    id: number;
+    source: "storage";
+    reason: string;
+}
+/** A list or get served from the cache. */
+export interface ReadResultOutput {
+    at: number;
+    type: "LIST" | "GET";
+    id: number;
+    source: "cache";
+    reason: string;
+    rv: bigint;
+    items: Item[];
+    continue?: string;
+    remaining?: bigint;
+}
+/** A range the cache sends to storage. */
+export interface RangeDelegatedOutput {
+    at: number;
+    type: "RANGE";
+    id: number;
+    source: "storage";
+    reason: string;
+}
+/** A range served from the cache. */
+export interface RangeResultOutput {
+    at: number;
+    type: "RANGE";
+    id: number;
+    source: "cache";
+    reason: string;
+    rv: bigint;
+    items: Item[];
+    count: bigint;
+    more: boolean;
+}
+/** Storage should send a progress notify. */
+export interface RequestProgressOutput {
+    at: number;
+    type: "REQUEST_PROGRESS";
+}
+/** The cache needs storage's current revision for request `id` (see `handleCurrentRevision`). */
+export interface NeedCurrentRevisionOutput {
+    at: number;
+    type: "NEED_CURRENT_RV";
+    id: number;
+}
+/** The cache must relist from storage. */
+export interface RelistOutput {
+    at: number;
+    type: "RELIST";
+    reason: string;
+}
+/** One output of the Cacher, told apart by `type` (and `source` for reads). */
+export type CacherOutput =
+    | WatchEventOutput
+    | WatchStartedOutput
+    | WatchErrorOutput
+    | WatchClosedOutput
+    | WatchDelegatedOutput
+    | ReadDelegatedOutput
+    | ReadResultOutput
+    | RangeDelegatedOutput
+    | RangeResultOutput
+    | RejectedOutput
+    | RequestProgressOutput
+    | NeedCurrentRevisionOutput
+    | RelistOutput;
+
+/** The next deadline of the Cacher. */
+export interface Deadline {
+    atMs: number;
+    reason:
+        | "dispatch_tick"
+        | "progress_request"
+        | "freshness_wait"
+        | "watch_deadline"
+        | "slow_watcher_budget"
+        | "request_timeout";
+}
+/** The ring buffer's window (RVs undefined while it is empty or uninitialised). */
+export interface Window {
+    oldestRv: bigint | undefined;
+    newestRv: bigint | undefined;
+    oldestServable: bigint | undefined;
+    len: number;
+    capacity: number;
+    startIndex: bigint;
+    endIndex: bigint;
+    evictedSinceRelist: boolean;
+}
+/** An event in the ring buffer. */
+export interface WindowEvent {
+    rv: bigint;
+    key: string;
+    isDelete: boolean;
+}
+/** An open watch. */
+export interface WatcherInfo {
+    id: number;
+    key: string;
+    rv: bigint;
+    lastSentRv: bigint;
+    queued: number;
+    queueCapacity: number;
+    initialPending: number;
+    state: "replaying" | "active" | "blocked" | "lagging" | "draining";
+    lag: bigint;
+    auto: boolean;
+    policy: "terminate" | "lag";
+    allowBookmarks: boolean;
+}
+/** The Cacher's metrics (Kubernetes' watch-cache metric names). */
+export interface Metrics {
+    events_received: bigint;
+    events_dispatched: bigint;
+    init_events: bigint;
+    terminated_watchers: bigint;
+    capacity_increases: bigint;
+    capacity_decreases: bigint;
+    initializations: bigint;
+    cache_lists: Record<string, bigint>;
+    cache_list_fetched: Record<string, bigint>;
+    cache_list_returned: bigint;
+    read_wait_buckets_ms: bigint[];
+    read_wait_counts: bigint[];
+    read_wait_sum_ms: bigint;
+    consistent_reads_ok: bigint;
+    consistent_reads_fallback: bigint;
+    lists_delegated: bigint;
+    gets_delegated: bigint;
+    watches_delegated: bigint;
+    watches_started: bigint;
+    progress_requests: bigint;
+    deliveries: bigint;
+    bookmarks_sent: bigint;
+    watch_expired: bigint;
+}
+
+/** An object of a LIST or GET record of a trace. */
+export interface TraceItem {
+    key: string;
+    rv: bigint;
+    value: string | undefined;
+}
+/** One record of a trace (`replay`); fields that do not apply are absent. */
+export interface TraceRecord {
+    at: number;
+    /** The scenario's request id. */
+    id?: string;
+    type:
+        | "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" | "ERROR" | "CLOSED" | "REJECTED"
+        | "LIST" | "GET" | "WATCH" | "RANGE" | "REQUEST_PROGRESS" | "NEED_CURRENT_RV" | "RELIST";
+    source?: "cache" | "storage";
+    key?: string;
+    rv?: bigint;
+    value?: string;
+    annotations?: Record<string, string>;
+    cause?: string;
+    code?: number;
+    reason?: string;
+    message?: string;
+    retry_after_s?: number;
+    items?: TraceItem[];
+    continue?: string;
+    remaining?: bigint;
+    count?: bigint;
+    more?: boolean;
+}
+
+/** Totals of a simulation. */
+export interface SimulationSummary {
+    duration_s: number;
+    events_written: bigint;
+    events_cached: bigint;
+    deliveries: bigint;
+    bookmarks_sent: bigint;
+    watch_410: bigint;
+    watch_errors: bigint;
+    relists: bigint;
+    cache_lists: bigint;
+    etcd_range_requests: bigint;
+    etcd_range_objects: bigint;
+    etcd_list_410: bigint;
+    compactions: bigint;
+    watcher_terminations: bigint;
+    disconnects: bigint;
+    restarts: bigint;
+    watches_started: bigint;
+    watches_rejected: bigint;
+    p50_delivery_lag_ms: number | null;
+    p99_delivery_lag_ms: number | null;
+    mean_delivery_lag_ms: number | null;
+    max_delivery_lag_ms: bigint | null;
+    peak_ring_capacity: number;
+    final_ring_capacity: number;
+    capacity_increases: bigint;
+    capacity_decreases: bigint;
+    selector_fraction: number;
+    final_etcd_rv: bigint;
+}
+/** One simulated second. */
+export interface SimulationSecond {
+    t_s: number;
+    etcd_rv: bigint;
+    cache_rv: bigint;
+    ready: boolean;
+    window_rv: bigint;
+    window_s: number;
+    window_events: number;
+    capacity: number;
+    writes: bigint;
+    deliveries: bigint;
+    watch_410: bigint;
+    relists: bigint;
+    etcd_range_requests: bigint;
+    etcd_range_objects: bigint;
+    connected_watchers: number;
+}
+/** The report of `simulate`. */
+export interface SimulationReport {
+    summary: SimulationSummary;
+    series: SimulationSecond[];
+}
+"#;
 
 // ----- outputs of the Cacher -----------------------------------------------------------------------
 
@@ -628,7 +1067,9 @@ fn outputs_of(at: u64, out: &Output, sink: &mut Vec<JsOutput>) {
 #[wasm_bindgen]
 pub struct Cacher {
     core: CoreCacher,
-    buffered: Vec<(u64, Output)>,
+    buffered: VecDeque<(u64, Output)>,
+    /// Items of a partly polled output (`pollOutput`): they come before `buffered`.
+    expanded: VecDeque<JsOutput>,
     now_ms: u64,
     etcd_rv: u64,
     max_stored_rv: u64,
@@ -645,13 +1086,13 @@ impl Cacher {
             if let Output::NeedCurrentRevision { request } = &out {
                 if self.auto_current_revision {
                     let request = *request;
-                    self.buffered.push((at, out));
+                    self.buffered.push_back((at, out));
                     let answer = self.etcd_rv.max(self.max_stored_rv);
                     self.core.handle_current_revision(now(at), request, answer);
                     continue;
                 }
             }
-            self.buffered.push((at, out));
+            self.buffered.push_back((at, out));
         }
     }
 
@@ -692,7 +1133,9 @@ impl Cacher {
     /// A new cacher. `config` uses the scenario's config fields (e.g. `{profile: "v1.34",
     /// capacity: 100}`); a bad field throws a `ConfigError` naming it.
     #[wasm_bindgen(constructor)]
-    pub fn new(config: JsValue) -> Result<Cacher, JsValue> {
+    pub fn new(
+        #[wasm_bindgen(unchecked_optional_param_type = "CacherConfig | null")] config: JsValue,
+    ) -> Result<Cacher, JsValue> {
         let cfg = if config.is_null() || config.is_undefined() {
             Config::default()
         } else {
@@ -713,7 +1156,8 @@ impl Cacher {
         })?;
         Ok(Cacher {
             core,
-            buffered: Vec::new(),
+            buffered: VecDeque::new(),
+            expanded: VecDeque::new(),
             now_ms: 0,
             etcd_rv: 0,
             max_stored_rv: 0,
@@ -737,9 +1181,9 @@ impl Cacher {
     #[wasm_bindgen(js_name = handleReplace)]
     pub fn handle_replace(
         &mut self,
-        now_ms: JsValue,
-        rv: JsValue,
-        objects: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "StorageObject[]")] objects: JsValue,
     ) -> Result<(), JsValue> {
         let rv = u64_arg("rv", &rv)?;
         if !Array::is_array(&objects) {
@@ -761,7 +1205,11 @@ impl Cacher {
 
     /// A storage put; `object.rv` is the event's resourceVersion.
     #[wasm_bindgen(js_name = handlePut)]
-    pub fn handle_put(&mut self, now_ms: JsValue, object: JsValue) -> Result<(), JsValue> {
+    pub fn handle_put(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "PutObject")] object: JsValue,
+    ) -> Result<(), JsValue> {
         let o = object_arg("object", &object, 0)?;
         if o.rv() == 0 {
             return Err(type_error("object: rv (the event's resourceVersion) is required".into()));
@@ -776,9 +1224,9 @@ impl Cacher {
     #[wasm_bindgen(js_name = handleDelete)]
     pub fn handle_delete(
         &mut self,
-        now_ms: JsValue,
-        key: JsValue,
-        rv: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "KeyInput")] key: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
     ) -> Result<(), JsValue> {
         let key = bytes_arg("key", &key)?;
         let rv = u64_arg("rv", &rv)?;
@@ -792,9 +1240,9 @@ impl Cacher {
     #[wasm_bindgen(js_name = handleTxn)]
     pub fn handle_txn(
         &mut self,
-        now_ms: JsValue,
-        rv: JsValue,
-        changes: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "TxnChange[]")] changes: JsValue,
     ) -> Result<(), JsValue> {
         let rv = u64_arg("rv", &rv)?;
         if !Array::is_array(&changes) {
@@ -833,7 +1281,11 @@ impl Cacher {
 
     /// A storage progress notify at `rv`.
     #[wasm_bindgen(js_name = handleProgress)]
-    pub fn handle_progress(&mut self, now_ms: JsValue, rv: JsValue) -> Result<(), JsValue> {
+    pub fn handle_progress(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
+    ) -> Result<(), JsValue> {
         let rv = u64_arg("rv", &rv)?;
         let t = self.step(&now_ms)?;
         let r = self.core.handle_progress(now(t), rv);
@@ -844,7 +1296,7 @@ impl Cacher {
     #[wasm_bindgen(js_name = handleStorageError)]
     pub fn handle_storage_error(
         &mut self,
-        now_ms: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
         reason: Option<String>,
     ) -> Result<(), JsValue> {
         let t = self.step(&now_ms)?;
@@ -857,9 +1309,9 @@ impl Cacher {
     #[wasm_bindgen(js_name = handleCurrentRevision)]
     pub fn handle_current_revision(
         &mut self,
-        now_ms: JsValue,
-        request_id: JsValue,
-        rv: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = requestId, unchecked_param_type = "number")] request_id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
     ) -> Result<(), JsValue> {
         let id = u64_arg("requestId", &request_id)?;
         let rv = u64_arg("rv", &rv)?;
@@ -871,7 +1323,11 @@ impl Cacher {
 
     /// Storage compacted its history at `rv`.
     #[wasm_bindgen(js_name = handleCompaction)]
-    pub fn handle_compaction(&mut self, now_ms: JsValue, rv: JsValue) -> Result<(), JsValue> {
+    pub fn handle_compaction(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
+    ) -> Result<(), JsValue> {
         let rv = u64_arg("rv", &rv)?;
         let t = self.step(&now_ms)?;
         self.core.handle_compaction(now(t), rv);
@@ -881,13 +1337,19 @@ impl Cacher {
 
     /// Storage's current revision, used to answer NEED_CURRENT_RV automatically.
     #[wasm_bindgen(js_name = setEtcdRv)]
-    pub fn set_etcd_rv(&mut self, rv: JsValue) -> Result<(), JsValue> {
+    pub fn set_etcd_rv(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
+    ) -> Result<(), JsValue> {
         self.etcd_rv = u64_arg("rv", &rv)?;
         Ok(())
     }
 
     /// Stops the cacher for good.
-    pub fn stop(&mut self, now_ms: JsValue) -> Result<(), JsValue> {
+    pub fn stop(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
         let t = self.step(&now_ms)?;
         self.core.stop(now(t));
         self.collect(t);
@@ -900,9 +1362,9 @@ impl Cacher {
     #[wasm_bindgen(js_name = startWatch)]
     pub fn start_watch(
         &mut self,
-        now_ms: JsValue,
-        key: JsValue,
-        options: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "KeyInput")] key: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "WatchOptions | null")] options: JsValue,
     ) -> Result<f64, JsValue> {
         const KNOWN: &[&str] = &[
             "recursive",
@@ -969,7 +1431,11 @@ impl Cacher {
 
     /// The client of a watch goes away; false if it was not open.
     #[wasm_bindgen(js_name = stopWatch)]
-    pub fn stop_watch(&mut self, now_ms: JsValue, id: JsValue) -> Result<bool, JsValue> {
+    pub fn stop_watch(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] id: JsValue,
+    ) -> Result<bool, JsValue> {
         let id = u64_arg("id", &id)?;
         let t = self.step(&now_ms)?;
         let r = self.core.stop_watch(now(t), RequestId(id));
@@ -978,7 +1444,12 @@ impl Cacher {
     }
 
     /// A manual watcher's client reads up to `max` queued events (all if omitted).
-    pub fn consume(&mut self, now_ms: JsValue, id: JsValue, max: JsValue) -> Result<f64, JsValue> {
+    pub fn consume(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] id: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number | null")] max: JsValue,
+    ) -> Result<f64, JsValue> {
         let id = u64_arg("id", &id)?;
         let max = opt_u64("max", &max)?;
         let t = self.step(&now_ms)?;
@@ -991,9 +1462,9 @@ impl Cacher {
     #[wasm_bindgen(js_name = grantCredit)]
     pub fn grant_credit(
         &mut self,
-        now_ms: JsValue,
-        id: JsValue,
-        n: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] n: JsValue,
     ) -> Result<f64, JsValue> {
         let id = u64_arg("id", &id)?;
         let n = u64_arg("n", &n)?;
@@ -1007,9 +1478,9 @@ impl Cacher {
     /// "NotOlderThan"), limit, continue, labelSelector, fieldSelector}`.
     pub fn list(
         &mut self,
-        now_ms: JsValue,
-        key: JsValue,
-        options: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string")] key: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "ListOptions | null")] options: JsValue,
     ) -> Result<f64, JsValue> {
         const KNOWN: &[&str] =
             &["recursive", "rv", "rvMatch", "limit", "continue", "labelSelector", "fieldSelector"];
@@ -1034,7 +1505,12 @@ impl Cacher {
     }
 
     /// Starts a get of one key and returns its id. `options`: `{rv}`.
-    pub fn get(&mut self, now_ms: JsValue, key: JsValue, options: JsValue) -> Result<f64, JsValue> {
+    pub fn get(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "KeyInput")] key: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "GetOptions | null")] options: JsValue,
+    ) -> Result<f64, JsValue> {
         let o = Opts::new("options", &options, &["rv"])?;
         let key = Key::new(&bytes_arg("key", &key)?);
         let rv = rv_param(&o.get("rv"))?;
@@ -1048,9 +1524,9 @@ impl Cacher {
     /// (0 = latest), linearizable, limit}`.
     pub fn range(
         &mut self,
-        now_ms: JsValue,
-        key: JsValue,
-        options: JsValue,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "KeyInput")] key: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RangeOptions | null")] options: JsValue,
     ) -> Result<f64, JsValue> {
         let o = Opts::new("options", &options, &["rangeEnd", "revision", "linearizable", "limit"])?;
         let key = bytes_arg("key", &key)?;
@@ -1075,14 +1551,37 @@ impl Cacher {
     }
 
     /// Moves time to `nowMs`, firing every timer due by then at its own deadline.
-    pub fn advance(&mut self, now_ms: JsValue) -> Result<(), JsValue> {
+    pub fn advance(
+        &mut self,
+        #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
         self.step(&now_ms).map(|_| ())
+    }
+
+    /// The next output as a plain object (the shape `drain` gives), or null when there is
+    /// none. A fan-out to several watchers, or a delivery of several events, comes out one
+    /// item per call.
+    #[wasm_bindgen(js_name = pollOutput, unchecked_return_type = "CacherOutput | null")]
+    pub fn poll_output(&mut self) -> Result<JsValue, JsValue> {
+        while self.expanded.is_empty() {
+            let Some((at, out)) = self.buffered.pop_front() else {
+                return Ok(JsValue::NULL);
+            };
+            let mut items = Vec::new();
+            outputs_of(at, &out, &mut items);
+            self.expanded.extend(items);
+        }
+        match self.expanded.pop_front() {
+            Some(it) => to_js(&it),
+            None => Ok(JsValue::NULL),
+        }
     }
 
     /// Every output produced so far, in order, as plain objects (a fan-out becomes one item
     /// per watcher).
+    #[wasm_bindgen(unchecked_return_type = "CacherOutput[]")]
     pub fn drain(&mut self) -> Result<JsValue, JsValue> {
-        let mut items = Vec::new();
+        let mut items: Vec<JsOutput> = std::mem::take(&mut self.expanded).into();
         for (at, out) in std::mem::take(&mut self.buffered) {
             outputs_of(at, &out, &mut items);
         }
@@ -1094,7 +1593,7 @@ impl Cacher {
     }
 
     /// The next deadline as `{atMs, reason}`, or null.
-    #[wasm_bindgen(js_name = pollTimeout)]
+    #[wasm_bindgen(js_name = pollTimeout, unchecked_return_type = "Deadline | null")]
     pub fn poll_timeout(&self) -> JsValue {
         match self.core.poll_timeout() {
             None => JsValue::NULL,
@@ -1126,7 +1625,7 @@ impl Cacher {
     }
 
     /// "pending", "ready" or "stopped".
-    #[wasm_bindgen(getter = readyState)]
+    #[wasm_bindgen(getter = readyState, unchecked_return_type = "\"pending\" | \"ready\" | \"stopped\"")]
     pub fn ready_state(&self) -> String {
         self.core.ready_state().as_str().into()
     }
@@ -1150,7 +1649,9 @@ impl Cacher {
     }
 
     /// The ring buffer's window: `{oldestRv, newestRv, oldestServable, len, capacity,
-    /// startIndex, endIndex, evictedSinceRelist}` (RVs and indices BigInt or null).
+    /// startIndex, endIndex, evictedSinceRelist}` (RVs and indices BigInt; the RVs undefined
+    /// while there are none).
+    #[wasm_bindgen(unchecked_return_type = "Window")]
     pub fn window(&self) -> Result<JsValue, JsValue> {
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
@@ -1178,7 +1679,7 @@ impl Cacher {
     }
 
     /// The buffered events, oldest first: `[{rv, key, isDelete}]`.
-    #[wasm_bindgen(js_name = windowEvents)]
+    #[wasm_bindgen(js_name = windowEvents, unchecked_return_type = "WindowEvent[]")]
     pub fn window_events(&self) -> Result<JsValue, JsValue> {
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
@@ -1196,19 +1697,25 @@ impl Cacher {
     }
 
     /// The stored objects, in key order: `[{key, rv, value, labels, fields}]`.
+    #[wasm_bindgen(unchecked_return_type = "Item[]")]
     pub fn objects(&self) -> Result<JsValue, JsValue> {
         let v: Vec<JsItem> = self.core.objects().iter().map(|o| item_of(o)).collect();
         to_js(&v)
     }
 
     /// Open watches.
+    #[wasm_bindgen(unchecked_return_type = "WatcherInfo[]")]
     pub fn watchers(&self) -> Result<JsValue, JsValue> {
         let v: Vec<JsWatcher> = self.core.watchers().into_iter().map(JsWatcher::from).collect();
         to_js(&v)
     }
 
     /// One open watch, or null.
-    pub fn watcher(&self, id: JsValue) -> Result<JsValue, JsValue> {
+    #[wasm_bindgen(unchecked_return_type = "WatcherInfo | null")]
+    pub fn watcher(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "number")] id: JsValue,
+    ) -> Result<JsValue, JsValue> {
         let id = u64_arg("id", &id)?;
         match self.core.watcher(RequestId(id)) {
             Some(w) => to_js(&JsWatcher::from(w)),
@@ -1217,6 +1724,7 @@ impl Cacher {
     }
 
     /// The metrics (Kubernetes' watch-cache metric names, counts as BigInt).
+    #[wasm_bindgen(unchecked_return_type = "Metrics")]
     pub fn metrics(&self) -> Result<JsValue, JsValue> {
         #[derive(Serialize)]
         struct M<'a> {
@@ -1273,6 +1781,7 @@ impl Cacher {
     }
 
     /// The configuration (scenario config field names).
+    #[wasm_bindgen(unchecked_return_type = "CacherConfigInfo")]
     pub fn config(&self) -> Result<JsValue, JsValue> {
         let c = self.core.config();
         let v = serde_json::json!({
