@@ -1405,6 +1405,23 @@ async fn scenario_a(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Valu
 // Scenario B: reconnect storm.
 
 async fn scenario_b(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, String> {
+    under_slow_writes(env, t, fleet, Phase::Storm).await
+}
+
+/// What scenarios B and C do while puts go on at the slow rate.
+enum Phase {
+    Storm,
+    Restart,
+}
+
+/// Scenarios B and C: the phase under slow writes, then the drain, and the whole scenario's
+/// gaps and duplicates.
+async fn under_slow_writes(
+    env: &Env,
+    t: &mut Target,
+    fleet: &mut Fleet,
+    phase: Phase,
+) -> Result<Value, String> {
     let cfg = &env.cfg;
     let whole0 = fleet.totals();
     let writer = Writer::start(
@@ -1415,9 +1432,12 @@ async fn scenario_b(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Valu
         cfg.write_keys,
         env.seq.clone(),
     );
-    let res = storm(env, t, fleet).await;
+    let (res, label) = match phase {
+        Phase::Storm => (storm(env, t, fleet).await, "B: drain"),
+        Phase::Restart => (restart(env, t, fleet).await, "C: drain"),
+    };
     let w = writer.finish().await?;
-    let drain = fleet.wait_rev(w.last_rev, cfg.drain_timeout, "B: drain").await;
+    let drain = fleet.wait_rev(w.last_rev, cfg.drain_timeout, label).await;
     let short = fleet.settle_missing(w.last_rev);
     let mut v = res?;
     v["writes"] = json!({"puts": w.puts, "errors": w.errors, "rate": cfg.slow_rate});
@@ -1507,35 +1527,7 @@ async fn storm(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, St
 // Scenario C: restart.
 
 async fn scenario_c(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, String> {
-    let cfg = &env.cfg;
-    let whole0 = fleet.totals();
-    let writer = Writer::start(
-        env.writers.clone(),
-        env.sh.clone(),
-        cfg.slow_rate,
-        None,
-        cfg.write_keys,
-        env.seq.clone(),
-    );
-    let res = restart(env, t, fleet).await;
-    let w = writer.finish().await?;
-    let drain = fleet.wait_rev(w.last_rev, cfg.drain_timeout, "C: drain").await;
-    let short = fleet.settle_missing(w.last_rev);
-    let mut v = res?;
-    v["writes"] = json!({"puts": w.puts, "errors": w.errors, "rate": cfg.slow_rate});
-    v["drained"] = json!(drain.is_ok());
-    if let Err(e) = drain {
-        v["drain_error"] = json!(e);
-    }
-    // Over the whole scenario, the catch-up before the storm or restart included (a watcher
-    // that was behind at the end of the previous scenario shows its gaps here).
-    let whole = fleet.totals().minus(&whole0);
-    v["gaps"] = json!(whole.missing);
-    v["undelivered_at_end"] = json!(short);
-    v["missing"] = json!(whole.missing + short);
-    v["duplicates"] = json!(whole.duplicates);
-    v["stream_breaks_whole_scenario"] = json!(whole.breaks);
-    Ok(v)
+    under_slow_writes(env, t, fleet, Phase::Restart).await
 }
 
 async fn restart(env: &Env, t: &mut Target, fleet: &mut Fleet) -> Result<Value, String> {
