@@ -48,7 +48,7 @@ fuzz-smoke: setup-fuzz ## run each fuzz target for $(FUZZ_SECONDS)s (nightly + c
 	cd fuzz && for t in scenario selector ops; do \
 	  mkdir -p corpus/$$t; seeds=""; [ $$t = scenario ] && seeds="$(ROOT)/scenarios"; \
 	  PATH="$(TOOLS)/bin:$$PATH" $(CARGO) +$(NIGHTLY) fuzz run --sanitizer none $$t corpus/$$t $$seeds -- \
-	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -artifact_prefix=$(ROOT)/fuzz/artifacts/ \
+	    -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=4096 -artifact_prefix=$(ROOT)/fuzz/artifacts/ \
 	    || { echo "fuzz target $$t failed: see fuzz/artifacts/ (commit the crasher under cacher-core/tests/fuzz_regressions/$$t/)" >&2; exit 1; }; \
 	done
 

@@ -996,19 +996,31 @@ impl Cacher {
             )));
         }
         // Timers due before this call fire first, at their own deadlines.
-        self.fire_timers(now_ms);
+        self.fire_timers(now_ms)?;
         self.now_ms = now_ms;
         Ok(())
     }
 
-    fn fire_timers(&mut self, until: u64) {
+    /// Steps through every deadline up to `until`. A far `until` can mean millions of them
+    /// (a dispatch tick per second): Ctrl-C interrupts it (KeyboardInterrupt), leaving the
+    /// cacher at the last deadline it reached.
+    fn fire_timers(&mut self, until: u64) -> PyResult<()> {
+        let mut n: u32 = 0;
         while let Some((t, _)) = self.core.poll_timeout() {
             if t.as_millis() > until {
                 break;
             }
             self.core.handle_timeout(t);
             self.collect(t.as_millis());
+            n = n.wrapping_add(1);
+            if n % 8192 == 0 {
+                if let Err(e) = Python::attach(|py| py.check_signals()) {
+                    self.now_ms = self.now_ms.max(t.as_millis());
+                    return Err(e);
+                }
+            }
         }
+        Ok(())
     }
 
     fn stored(&mut self, rv: u64) {

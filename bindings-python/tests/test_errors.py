@@ -108,3 +108,24 @@ def test_bad_scenarios_never_panic():
             watchcache.replay(bad)
         except watchcache.ScenarioError:
             pass
+
+
+def test_a_far_advance_can_be_interrupted():
+    # Stepping to 10^12 ms is a billion dispatch ticks. Ctrl-C (SIGINT from outside, as a
+    # terminal or Jupyter sends it) stops it with KeyboardInterrupt, and the cacher goes on
+    # from where it stopped.
+    import os
+    import subprocess
+
+    c = watchcache.Cacher(dispatch_tick_jitter=0)
+    c.handle_replace(0, 10, [])
+    c.start_watch(0, "/pods/", rv="10", allow_bookmarks=True)
+    killer = subprocess.Popen(["sh", "-c", f"sleep 0.5; kill -INT {os.getpid()}"])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            c.advance(10**12)
+    finally:
+        killer.wait()
+    stopped = c.now_ms
+    assert 0 < stopped < 10**12
+    c.advance(stopped + 5000)

@@ -1080,6 +1080,9 @@ fn now(ms: u64) -> Timestamp {
     Timestamp::from_millis(ms)
 }
 
+/// The most timer expirations one call may step through (about 11 days of 1-second ticks).
+const MAX_TIMER_STEPS: u64 = 1_000_000;
+
 impl Cacher {
     fn collect(&mut self, at: u64) {
         while let Some(out) = self.core.poll_output() {
@@ -1104,9 +1107,29 @@ impl Cacher {
                 self.now_ms
             )));
         }
+        // Every deadline up to t fires, in order. A far t can mean millions of them (a dispatch
+        // tick per second) and a page cannot be interrupted: stop after MAX_TIMER_STEPS, at
+        // the last deadline reached, and say so.
+        let mut n: u64 = 0;
+        let from = self.now_ms;
         while let Some((d, _)) = self.core.poll_timeout() {
             if d.as_millis() > t {
                 break;
+            }
+            n += 1;
+            if n > MAX_TIMER_STEPS {
+                self.now_ms = self.now_ms.max(d.as_millis().saturating_sub(1));
+                return Err(js_error(
+                    "InvalidRequest",
+                    400,
+                    "BadRequest",
+                    &format!(
+                        "nowMs: reaching {t} ms from {from} ms takes more than {MAX_TIMER_STEPS} \
+                         timer expirations; advance in smaller steps (time stopped at {} ms)",
+                        self.now_ms
+                    ),
+                    None,
+                ));
             }
             self.core.handle_timeout(d);
             self.collect(d.as_millis());

@@ -81,3 +81,22 @@ test("nothing traps the instance", () => {
   c.startWatch(1, "/pods/");
   assert.ok(c.drain().length > 0);
 });
+
+test("a step far into the future is refused, not a frozen page; the cacher goes on", () => {
+  const c = ready();
+  c.startWatch(0, "/pods/", { rv: "10", allowBookmarks: true });
+  // 10^12 ms is a billion dispatch ticks: the call stops after a million and says where.
+  let stopped = 0;
+  assert.throws(() => c.advance(1e12), (e) => {
+    assert.equal(e.name, "InvalidRequest");
+    assert.equal(e.code, 400);
+    const m = /smaller steps \(time stopped at (\d+) ms\)/.exec(e.message);
+    assert.ok(m, e.message);
+    stopped = Number(m[1]);
+    return true;
+  });
+  assert.ok(stopped > 0 && stopped < 1e12, `time stopped at ${stopped}`);
+  c.advance(stopped + 5000);
+  c.handlePut(stopped + 5000, { key: "/pods/ns/b", value: "b", rv: 11 });
+  assert.ok(c.drain().some((o) => o.type === "ADDED" && o.key === "/pods/ns/b"));
+});

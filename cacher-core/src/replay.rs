@@ -802,6 +802,9 @@ impl ListSpec {
 
 // ----- running ------------------------------------------------------------------------------------
 
+/// The most timer expirations one scenario may go through (about 11 days of 1-second ticks).
+const MAX_TIMER_STEPS: u64 = 1_000_000;
+
 struct Replayer {
     cacher: Cacher,
     names: BTreeMap<RequestId, String>,
@@ -826,10 +829,25 @@ impl Replayer {
     }
 
     fn run(mut self, sc: &Scenario) -> Result<Vec<Record>, ScenarioError> {
+        let mut timer_steps: u64 = 0;
         for (i, step) in sc.steps.iter().enumerate() {
             while let Some((t, _)) = self.cacher.poll_timeout() {
                 if t.as_millis() > step.at {
                     break;
+                }
+                // Time is stepped through every deadline (ticks, progress requests, bookmarks):
+                // a step far in the future would take as long as it says.
+                timer_steps += 1;
+                if timer_steps > MAX_TIMER_STEPS {
+                    return Err(ScenarioError::new(
+                        format!("steps[{i}].at"),
+                        format!(
+                            "reaching {} ms takes more than {MAX_TIMER_STEPS} timer expirations \
+                             (dispatch ticks, progress requests, bookmarks): the scenario spans \
+                             too much time; simulate() is the tool for long runs",
+                            step.at
+                        ),
+                    ));
                 }
                 self.cacher.handle_timeout(t);
                 self.drain(t.as_millis());
