@@ -14,10 +14,8 @@ use cacher_core::{KeyRange, RangeOutcome, RangeRequest};
 use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbRangeRequest, PbRangeResponse,
 };
-use futures::future::BoxFuture;
 use tonic::{Request, Response, Status};
 
-use crate::proto::key_value;
 use crate::server::Ctx;
 use crate::upstream::forwardable;
 
@@ -32,7 +30,7 @@ pub(crate) async fn range_route(
     >::default())
     .max_decoding_message_size(ctx.max_request_bytes)
     .max_encoding_message_size(usize::MAX);
-    grpc.unary(RangeSvc(ctx), req).await
+    grpc.unary(tower::service_fn(move |r| range(ctx.clone(), r)), req).await
 }
 
 /// The axum route for `/etcdserverpb.KV/Compact`.
@@ -45,66 +43,27 @@ pub(crate) async fn compact_route(
         PbCompactionRequest,
     >::default())
     .max_decoding_message_size(ctx.max_request_bytes);
-    grpc.unary(CompactSvc(ctx), req).await
+    grpc.unary(tower::service_fn(move |r| compact(ctx.clone(), r)), req).await
 }
 
-#[derive(Clone)]
-struct RangeSvc(Arc<Ctx>);
-
-impl tower::Service<Request<PbRangeRequest>> for RangeSvc {
-    type Response = Response<PbRangeResponse>;
-    type Error = Status;
-    type Future = BoxFuture<'static, Result<Self::Response, Status>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Status>> {
-        std::task::Poll::Ready(Ok(()))
+/// Compact passes through to etcd; the caches note the compaction (a read at an older revision
+/// must then go to etcd, as it would be refused there).
+async fn compact(
+    ctx: Arc<Ctx>,
+    req: Request<PbCompactionRequest>,
+) -> Result<Response<PbCompactionResponse>, Status> {
+    let md = forwardable(req.metadata());
+    let r = req.into_inner();
+    let rev = r.revision;
+    ctx.metrics.count_upstream_request("compact");
+    let resp = ctx
+        .upstream
+        .unary::<PbCompactionRequest, PbCompactionResponse>("/etcdserverpb.KV/Compact", &md, r)
+        .await?;
+    if rev > 0 {
+        ctx.note_compacted(rev as u64);
     }
-
-    fn call(&mut self, req: Request<PbRangeRequest>) -> Self::Future {
-        let ctx = self.0.clone();
-        Box::pin(async move { range(ctx, req).await })
-    }
-}
-
-#[derive(Clone)]
-struct CompactSvc(Arc<Ctx>);
-
-impl tower::Service<Request<PbCompactionRequest>> for CompactSvc {
-    type Response = Response<PbCompactionResponse>;
-    type Error = Status;
-    type Future = BoxFuture<'static, Result<Self::Response, Status>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Status>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<PbCompactionRequest>) -> Self::Future {
-        let ctx = self.0.clone();
-        Box::pin(async move {
-            let md = forwardable(req.metadata());
-            let r = req.into_inner();
-            let rev = r.revision;
-            ctx.metrics.count_upstream_request("compact");
-            let resp = ctx
-                .upstream
-                .unary::<PbCompactionRequest, PbCompactionResponse>(
-                    "/etcdserverpb.KV/Compact",
-                    &md,
-                    r,
-                )
-                .await?;
-            if rev > 0 {
-                ctx.note_compacted(rev as u64);
-            }
-            Ok(resp)
-        })
-    }
+    Ok(resp)
 }
 
 /// When the cache may answer a Range exactly as etcd would: a valid request over keys of one
@@ -176,28 +135,12 @@ async fn from_cache(
         Ok(RangeOutcome::Cache(read)) => read,
         Ok(RangeOutcome::Storage { .. }) | Err(_) => return Ok(None),
     };
-    let kvs = if r.count_only {
-        Vec::new()
-    } else {
-        read.items
-            .iter()
-            .map(|o| {
-                let mut kv = key_value(o);
-                if r.keys_only {
-                    // etcd's keys-only answer carries neither the value nor the lease.
-                    kv.value.clear();
-                    kv.lease = 0;
-                }
-                kv
-            })
-            .collect()
-    };
-    Ok(Some(PbRangeResponse {
-        header: Some(ctx.upstream.header(read.header_rv as i64)),
-        kvs,
-        more: read.more && !r.count_only,
-        count: read.count as i64,
-    }))
+    Ok(Some(crate::proto::range_response(
+        &read,
+        ctx.upstream.header(read.header_rv as i64),
+        r.keys_only,
+        r.count_only,
+    )))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use cacher_core::{KeyRange, RangeOutcome, RangeRequest};
-use etcd_client::proto::{PbRangeResponse, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::metadata::MetadataMap;
@@ -22,7 +22,7 @@ use crate::auth::AuthChecker;
 use crate::cache::{new_cache, CacheHandle, CacheOptions, CacheStatus};
 use crate::clock::Clock;
 use crate::metrics::{CacheSample, HostMetrics};
-use crate::proto::{decode_watch_out, key_value, FILTER_NODELETE, FILTER_NOPUT};
+use crate::proto::{decode_watch_out, FILTER_NODELETE, FILTER_NOPUT};
 use crate::reflector::ReflectorOptions;
 use crate::server::{Ctx, Settings};
 use crate::upstream::Upstream;
@@ -523,27 +523,12 @@ impl Cache {
             };
             if let Ok(RangeOutcome::Cache(read)) = handle.range(req).await {
                 self.ctx.metrics.count_range(true);
-                let kvs = if options.count_only {
-                    Vec::new()
-                } else {
-                    read.items
-                        .iter()
-                        .map(|o| {
-                            let mut kv = key_value(o);
-                            if options.keys_only {
-                                kv.value.clear();
-                                kv.lease = 0;
-                            }
-                            kv
-                        })
-                        .collect()
-                };
-                let resp = PbRangeResponse {
-                    header: Some(self.ctx.upstream.header(read.header_rv as i64)),
-                    kvs,
-                    more: read.more && !options.count_only,
-                    count: read.count as i64,
-                };
+                let resp = crate::proto::range_response(
+                    &read,
+                    self.ctx.upstream.header(read.header_rv as i64),
+                    options.keys_only,
+                    options.count_only,
+                );
                 return Ok(etcd_client::GetResponse(resp));
             }
         }

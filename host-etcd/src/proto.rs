@@ -8,8 +8,10 @@
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use cacher_core::{Event, Object};
-use etcd_client::proto::{PbEvent, PbKeyValue, PbResponseHeader, PbWatchRequest, PbWatchResponse};
+use cacher_core::{Event, Object, RangeRead};
+use etcd_client::proto::{
+    PbEvent, PbKeyValue, PbRangeResponse, PbResponseHeader, PbWatchRequest, PbWatchResponse,
+};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
@@ -34,6 +36,37 @@ pub fn key_value(o: &Object) -> PbKeyValue {
         version: o.version(),
         value: o.value().unwrap_or_default().to_vec(),
         lease: o.lease(),
+    }
+}
+
+/// etcd's Range answer for a read the cache served: `keys_only` drops the value and the lease
+/// (as etcd does), `count_only` the items and `more`.
+pub fn range_response(
+    read: &RangeRead,
+    header: PbResponseHeader,
+    keys_only: bool,
+    count_only: bool,
+) -> PbRangeResponse {
+    let kvs = if count_only {
+        Vec::new()
+    } else {
+        read.items
+            .iter()
+            .map(|o| {
+                let mut kv = key_value(o);
+                if keys_only {
+                    kv.value.clear();
+                    kv.lease = 0;
+                }
+                kv
+            })
+            .collect()
+    };
+    PbRangeResponse {
+        header: Some(header),
+        kvs,
+        more: read.more && !count_only,
+        count: read.count as i64,
     }
 }
 

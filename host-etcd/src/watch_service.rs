@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use cacher_core::{CloseCause, KeyRange, RequestId};
 use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
-use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
@@ -51,11 +50,8 @@ pub(crate) async fn route(
 ) -> http::Response<tonic::body::Body> {
     let mut grpc =
         tonic::server::Grpc::new(WatchCodec).max_decoding_message_size(ctx.max_request_bytes);
-    grpc.streaming(WatchSvc(ctx), req).await
+    grpc.streaming(tower::service_fn(move |r| watch(ctx.clone(), r)), req).await
 }
-
-#[derive(Clone)]
-struct WatchSvc(Arc<Ctx>);
 
 type OutStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchOut, Status>> + Send>>;
 
@@ -92,29 +88,17 @@ pub(crate) fn out_stream(rx: mpsc::Receiver<OutItem>) -> OutStream {
     Box::pin(futures::StreamExt::map(ReceiverStream::new(rx), |(item, _permit)| item))
 }
 
-impl tower::Service<tonic::Request<Streaming<PbWatchRequest>>> for WatchSvc {
-    type Response = tonic::Response<OutStream>;
-    type Error = Status;
-    type Future = BoxFuture<'static, Result<Self::Response, Status>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Status>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: tonic::Request<Streaming<PbWatchRequest>>) -> Self::Future {
-        let ctx = self.0.clone();
-        Box::pin(async move {
-            let md = forwardable(req.metadata());
-            let inbound = req.into_inner();
-            let (out, rx) = Outbox::new();
-            let session = Session::new(ctx, md, out);
-            tokio::spawn(session.run(inbound));
-            Ok(tonic::Response::new(out_stream(rx)))
-        })
-    }
+/// One client Watch stream: a session task reads its requests and feeds the response stream.
+async fn watch(
+    ctx: Arc<Ctx>,
+    req: tonic::Request<Streaming<PbWatchRequest>>,
+) -> Result<tonic::Response<OutStream>, Status> {
+    let md = forwardable(req.metadata());
+    let inbound = req.into_inner();
+    let (out, rx) = Outbox::new();
+    let session = Session::new(ctx, md, out);
+    tokio::spawn(session.run(inbound));
+    Ok(tonic::Response::new(out_stream(rx)))
 }
 
 /// What a client asked for when creating a watch.

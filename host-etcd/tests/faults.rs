@@ -172,15 +172,7 @@ async fn compaction_under_load() {
     let direct = env.direct().await;
     // The whole history, recorded before any compaction.
     // (Read all along: etcd itself cancels a watcher that falls behind a compaction.)
-    let mut truth = direct
-        .watch_client()
-        .max_decoding_message_size(1 << 30)
-        .watch(
-            "\0",
-            Some(WatchOptions::new().with_range("\0").with_start_revision(1).with_prev_key()),
-        )
-        .await
-        .expect("history watch");
+    let mut truth = support::conformance::history_stream(&direct).await;
     let truth_until = Arc::new(AtomicI64::new(i64::MAX));
     let truth_task = {
         let until = truth_until.clone();

@@ -147,10 +147,9 @@ pub async fn collect(stream: &mut WatchStream, rec: &mut Recorded, until: i64, l
     }
 }
 
-/// etcd's whole history from revision 1 (every key, with previous values), as etcd itself
-/// reports it.
-pub async fn history(client: &mut etcd_client::Client, until: i64) -> Vec<Ev> {
-    let mut s = client
+/// A watch of every key from revision 1, with previous values, straight from etcd.
+pub async fn history_stream(client: &etcd_client::Client) -> WatchStream {
+    client
         .watch_client()
         .max_decoding_message_size(1 << 30)
         .watch(
@@ -158,7 +157,13 @@ pub async fn history(client: &mut etcd_client::Client, until: i64) -> Vec<Ev> {
             Some(WatchOptions::new().with_range("\0").with_start_revision(1).with_prev_key()),
         )
         .await
-        .expect("history watch");
+        .expect("history watch")
+}
+
+/// etcd's whole history from revision 1 (every key, with previous values), as etcd itself
+/// reports it.
+pub async fn history(client: &mut etcd_client::Client, until: i64) -> Vec<Ev> {
+    let mut s = history_stream(client).await;
     let mut rec = Recorded { key: vec![0], range_end: vec![0], start_rev: 1, ..Default::default() };
     collect(&mut s, &mut rec, until, Duration::from_secs(20)).await;
     assert!(rec.canceled().is_none(), "history compacted: {:?}", rec.canceled());
