@@ -1,0 +1,373 @@
+package main
+
+// The fake storage.Interface under the cacher: "etcd" as the scenario describes it.
+//
+// - The reflector's LIST blocks until the scenario's next `replace` step answers it (a LIST after
+//   the first one is the relist the core reports as RELIST); from v1.37 the reflector streams its
+//   list instead (a watch with sendInitialEvents), which `replace` answers with ADDED events and
+//   the initial-events-end bookmark.
+// - The reflector's WATCH streams the scenario's put/delete/txn events after its start RV, and
+//   `progress` steps as BOOKMARK events (etcd's progress notifications); `storage_error` ends it
+//   with a 410 Expired error event, which makes the reflector relist.
+// - Requests the cacher hands to storage on a client's behalf (the context carries the client's
+//   request id) are recorded as `source: storage` and end there, as in the core's trace.
+// - The current-revision probe (storage.GetCurrentResourceVersionFromStorage in 1.30,
+//   GetCurrentResourceVersion later) is recorded as NEED_CURRENT_RV and answered like the core's
+//   replayer: the highest of the last `etcd_rv` and every RV stored so far.
+// - RequestWatchProgress is recorded as REQUEST_PROGRESS; scenarios answer with `progress`.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/apis/example"
+	"k8s.io/apiserver/pkg/storage"
+)
+
+type reqIDKey struct{}
+
+func requestID(ctx context.Context) (string, bool) {
+	id, ok := ctx.Value(reqIDKey{}).(string)
+	return id, ok
+}
+
+type listAnswer struct {
+	rv   uint64
+	objs []*example.Pod
+	err  error
+}
+
+type loggedEvent struct {
+	rv uint64
+	ev watch.Event
+}
+
+type fakeStorage struct {
+	d *driver
+
+	mu         sync.Mutex
+	objs       map[string]*example.Pod // the state at `rev`
+	rev        uint64                  // highest RV stored so far
+	etcdRV     uint64
+	compactRev int64
+	log        []loggedEvent // events since the last replace, in RV order
+	lists      int           // reflector lists (and watch-lists) so far
+	listWaiter chan listAnswer
+	watch      *fakeWatch // the reflector's watch
+	// initial is the reflector's watch-list stream waiting for its initial events (v1.37).
+	initial *fakeWatch
+}
+
+func newFakeStorage(d *driver) *fakeStorage {
+	return &fakeStorage{d: d, objs: map[string]*example.Pod{}}
+}
+
+type fakeWatch struct {
+	ch      chan watch.Event
+	stop    chan struct{}
+	once    sync.Once
+	stopped bool
+}
+
+func newFakeWatch() *fakeWatch {
+	return &fakeWatch{ch: make(chan watch.Event, 1<<16), stop: make(chan struct{})}
+}
+
+func (w *fakeWatch) ResultChan() <-chan watch.Event { return w.ch }
+func (w *fakeWatch) Stop()                          { w.once.Do(func() { close(w.stop) }) }
+func (w *fakeWatch) isStopped() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+func (w *fakeWatch) send(ev watch.Event) {
+	if w.isStopped() {
+		return
+	}
+	select {
+	case w.ch <- ev:
+	default:
+		panic("kube-oracle: fake watch buffer overflow")
+	}
+}
+
+// calledFrom reports whether a function whose name contains part is on the caller's stack.
+func calledFrom(part string) bool {
+	pcs := make([]uintptr, 64)
+	n := goruntime.Callers(2, pcs)
+	frames := goruntime.CallersFrames(pcs[:n])
+	for {
+		f, more := frames.Next()
+		if strings.Contains(f.Function, part) {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+var errDelegated = errors.New("kube-oracle: served by storage")
+
+func (s *fakeStorage) Versioner() storage.Versioner { return storage.APIObjectVersioner{} }
+
+func (s *fakeStorage) Create(context.Context, string, runtime.Object, runtime.Object, uint64) error {
+	return fmt.Errorf("kube-oracle: Create is not used")
+}
+
+func (s *fakeStorage) Watch(ctx context.Context, key string, opts storage.ListOptions) (watch.Interface, error) {
+	if id, ok := requestID(ctx); ok {
+		s.d.delegated(id, "WATCH")
+		return newFakeWatch(), nil
+	}
+	w := newFakeWatch()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.watch != nil {
+		s.watch.Stop()
+	}
+	s.watch = w
+	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
+		// The reflector's watch-list: its initial events are the next `replace`.
+		s.lists++
+		if s.lists > 1 {
+			s.d.emit(record{Type: "RELIST"})
+		}
+		s.initial = w
+		return w, nil
+	}
+	from, err := storage.APIObjectVersioner{}.ParseResourceVersion(opts.ResourceVersion)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range s.log {
+		if e.rv > from {
+			w.send(e.ev)
+		}
+	}
+	return w, nil
+}
+
+func (s *fakeStorage) Get(ctx context.Context, key string, opts storage.GetOptions, out runtime.Object) error {
+	if id, ok := requestID(ctx); ok {
+		s.d.delegated(id, "GET")
+	}
+	return errDelegated
+}
+
+func (s *fakeStorage) GetList(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
+	if calledFrom("GetCurrentResourceVersionFromStorage") {
+		rv := s.currentRV(ctx)
+		listObj.(*example.PodList).ResourceVersion = strconv.FormatUint(rv, 10)
+		return nil
+	}
+	if id, ok := requestID(ctx); ok {
+		s.d.delegated(id, "LIST")
+		s.mu.Lock()
+		listObj.(*example.PodList).ResourceVersion = strconv.FormatUint(s.rev, 10)
+		s.mu.Unlock()
+		return nil
+	}
+	if calledFrom("consistencyChecker") || calledFrom("consistency.") {
+		// The consistency checker (5 minutes of real time apart) reads the current state.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l := listObj.(*example.PodList)
+		l.ResourceVersion = strconv.FormatUint(s.rev, 10)
+		for _, p := range s.objs {
+			l.Items = append(l.Items, *p.DeepCopy())
+		}
+		return nil
+	}
+	// The reflector's list: wait for the scenario's `replace`.
+	ch := make(chan listAnswer, 1)
+	s.mu.Lock()
+	s.lists++
+	if s.lists > 1 {
+		s.d.emit(record{Type: "RELIST"})
+	}
+	s.listWaiter = ch
+	s.mu.Unlock()
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			return a.err
+		}
+		l := listObj.(*example.PodList)
+		l.ResourceVersion = strconv.FormatUint(a.rv, 10)
+		for _, p := range a.objs {
+			l.Items = append(l.Items, *p)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *fakeStorage) RequestWatchProgress(ctx context.Context) error {
+	s.d.emit(record{Type: "REQUEST_PROGRESS"})
+	return nil
+}
+
+// currentRV answers a quorum read of the current revision.
+func (s *fakeStorage) currentRV(ctx context.Context) uint64 {
+	r := record{Type: "NEED_CURRENT_RV"}
+	if id, ok := requestID(ctx); ok {
+		r.ID = ptr(id)
+	}
+	s.d.emit(r)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcdRV > s.rev {
+		return s.etcdRV
+	}
+	return s.rev
+}
+
+// --- what the scenario's storage steps do --------------------------------------------------
+
+// listPending reports whether the reflector waits for a list (or a watch-list's initial events).
+func (s *fakeStorage) listPending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listWaiter != nil || (s.initial != nil && !s.initial.isStopped())
+}
+
+func (s *fakeStorage) replace(rv uint64, objs []scObject) error {
+	pods := make([]*example.Pod, 0, len(objs))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.objs = map[string]*example.Pod{}
+	for _, o := range objs {
+		p := o.pod()
+		s.objs[o.Key] = p
+		pods = append(pods, p.DeepCopy())
+	}
+	if rv > s.rev {
+		s.rev = rv
+	}
+	s.log = nil
+	switch {
+	case s.listWaiter != nil:
+		s.listWaiter <- listAnswer{rv: rv, objs: pods}
+		s.listWaiter = nil
+	case s.initial != nil && !s.initial.isStopped():
+		for _, p := range pods {
+			s.initial.send(watch.Event{Type: watch.Added, Object: p})
+		}
+		end := &example.Pod{}
+		end.ResourceVersion = strconv.FormatUint(rv, 10)
+		end.Annotations = map[string]string{annEnd: "true"}
+		s.initial.send(watch.Event{Type: watch.Bookmark, Object: end})
+		s.initial = nil
+	default:
+		return fmt.Errorf("replace: the reflector is not listing")
+	}
+	return nil
+}
+
+// change applies put/delete changes at one revision and streams them.
+func (s *fakeStorage) change(rv uint64, puts []scObject, deletes []string, order []bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pi, di := 0, 0
+	for _, isPut := range order {
+		var ev watch.Event
+		if isPut {
+			o := puts[pi]
+			pi++
+			o.RV = rv
+			p := o.pod()
+			typ := watch.Added
+			if _, ok := s.objs[o.Key]; ok {
+				typ = watch.Modified
+			}
+			s.objs[o.Key] = p
+			ev = watch.Event{Type: typ, Object: p.DeepCopy()}
+		} else {
+			key := deletes[di]
+			di++
+			prev, ok := s.objs[key]
+			if !ok {
+				return fmt.Errorf("delete of a key that does not exist: %s", key)
+			}
+			delete(s.objs, key)
+			gone := prev.DeepCopy()
+			gone.ResourceVersion = strconv.FormatUint(rv, 10)
+			ev = watch.Event{Type: watch.Deleted, Object: gone}
+		}
+		s.log = append(s.log, loggedEvent{rv: rv, ev: ev})
+		if s.watch != nil && s.initial != s.watch {
+			s.watch.send(ev)
+		}
+	}
+	if rv > s.rev {
+		s.rev = rv
+	}
+	return nil
+}
+
+func (s *fakeStorage) progress(rv uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rv > s.rev {
+		s.rev = rv
+	}
+	if s.watch != nil && s.initial != s.watch {
+		b := &example.Pod{}
+		b.ResourceVersion = strconv.FormatUint(rv, 10)
+		s.watch.send(watch.Event{Type: watch.Bookmark, Object: b})
+	}
+}
+
+// fail breaks the reflector's watch (or list) with 410 Expired, which makes it relist.
+func (s *fakeStorage) fail(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	status := apierrors.NewResourceExpired(reason).Status()
+	switch {
+	case s.listWaiter != nil:
+		s.listWaiter <- listAnswer{err: apierrors.NewResourceExpired(reason)}
+		s.listWaiter = nil
+	case s.watch != nil:
+		s.watch.send(watch.Event{Type: watch.Error, Object: &status})
+		if s.initial == s.watch {
+			s.initial = nil
+		}
+		s.watch = nil
+	}
+}
+
+func (s *fakeStorage) setEtcdRV(rv uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.etcdRV = rv
+}
+
+func (s *fakeStorage) compact(rv uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if int64(rv) > s.compactRev {
+		s.compactRev = int64(rv)
+	}
+}
+
+func (s *fakeStorage) compactRevision() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.compactRev
+}
+
+var _ = metav1.Now
