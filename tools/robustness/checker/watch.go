@@ -229,7 +229,7 @@ func (c *checker) stream(s *record.Stream) {
 			v := get(w)
 			if s.End == "closed" && v.create != nil && s.EndAt-v.create.At > 10e9 {
 				c.watchViolation(v, Created, 0, nil, fmt.Sprintf("stream %d: create sent at +%.3fs never acknowledged (stream open %.1fs longer)",
-					s.ID, v.create.At.Seconds(), (s.EndAt - v.create.At).Seconds()))
+					s.ID, v.create.At.Seconds(), (s.EndAt-v.create.At).Seconds()))
 			}
 		}
 	}

@@ -6,15 +6,15 @@ import "sort"
 type OutcomeKind int8
 
 const (
-	OutCreated         OutcomeKind = iota // the create acknowledgement of the oldest pending create
-	OutCreateRejected                     // created and canceled at once
-	OutWatch                              // events, a periodic progress notification, anything else for an open watch
-	OutStreamProgress                     // watch_id -1 progress: an answer to RequestProgress for every watch of the stream
-	OutCancelAck                          // canceled, after the client asked for it
-	OutServerCancel                       // canceled without the client asking (compaction, or an error)
-	OutUnsolicitedCreated                 // a created response while no create was pending
-	OutUnknownID                          // a response for an id no open watch holds
-	OutLateCancelAck                      // canceled, for an id the server had already cancelled and the client then cancelled (etcd acks it)
+	OutCreated            OutcomeKind = iota // the create acknowledgement of the oldest pending create
+	OutCreateRejected                        // created and canceled at once
+	OutWatch                                 // events, a periodic progress notification, anything else for an open watch
+	OutStreamProgress                        // watch_id -1 progress: an answer to RequestProgress for every watch of the stream
+	OutCancelAck                             // canceled, after the client asked for it
+	OutServerCancel                          // canceled without the client asking (compaction, or an error)
+	OutUnsolicitedCreated                    // a created response while no create was pending
+	OutUnknownID                             // a response for an id no open watch holds
+	OutLateCancelAck                         // canceled, for an id the server had already cancelled and the client then cancelled (etcd acks it)
 )
 
 // Outcome is where one response goes.
