@@ -7,6 +7,7 @@
 //	robustness suite     SEEDS runs through watchcache, each with its baseline against etcd
 //	robustness selftest  plant corruptions in a recording (or a synthetic one); all must be caught
 //	robustness check     check a saved recording again
+//	robustness show      print one stream's log from a saved recording
 //	robustness ha        two watchcache replicas in front of a 3-member etcd; kill one, then the leader
 //	robustness slow-readers  1 000 watchers stop reading for 60 s under 1 000 events/s
 package main
@@ -50,6 +51,8 @@ func main() {
 		code = cmdSelftest(os.Args[2:])
 	case "check":
 		code = cmdCheck(os.Args[2:])
+	case "show":
+		code = cmdShow(os.Args[2:])
 	case "ha":
 		code = cmdHA(os.Args[2:])
 	case "slow-readers":

@@ -256,8 +256,12 @@ func (c *checker) rangeCheck(r *record.Range) {
 		return
 	}
 	if !r.Serializable && r.Header < r.KnownRevision {
-		v(Linearizable, fmt.Sprintf("range#%d: linearizable Range answered at revision %d, but a write at revision %d had been acknowledged before it was sent",
-			r.ID, r.Header, r.KnownRevision))
+		what := "answered at revision"
+		if r.Revision != 0 {
+			what = fmt.Sprintf("(for the past revision %d) has header revision", r.Revision)
+		}
+		v(Linearizable, fmt.Sprintf("range#%d: linearizable Range %s %d, but a write at revision %d had been acknowledged before it was sent",
+			r.ID, what, r.Header, r.KnownRevision))
 	}
 	at := r.Revision
 	if at == 0 {

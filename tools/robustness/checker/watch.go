@@ -636,10 +636,32 @@ func (c *checker) cancels(v *view, evs []got, from int64) {
 			continue
 		}
 		if r.Canceled && (v.cancelAt == 0 || v.cancelAt > r.Seq) {
-			c.watchViolation(v, Cancel, r.Revision, r, fmt.Sprintf("watch record %d: cancelled by the server (%q); etcd keeps a well-formed watch until the client cancels it", v.rec.ID, r.CancelReason),
-				"response "+r.Describe(4, nil))
+			d := []string{"response " + r.Describe(4, nil)}
+			why := ""
+			if created := c.createdSeq(v); created > 0 {
+				var last *record.Send
+				for i := range v.st.Sends {
+					snd := &v.st.Sends[i]
+					if snd.Kind == record.SendCancel && snd.WatchID == r.WatchID && snd.Seq < r.Seq {
+						last = snd
+					}
+				}
+				if last != nil && last.Seq < created {
+					why = fmt.Sprintf(": the client's cancel #%d for id %d (%s) was for an earlier watch, sent before this one's created response #%d gave it the same id", last.Seq, r.WatchID, last.Reason, created)
+				}
+			}
+			c.watchViolation(v, Cancel, r.Revision, r, fmt.Sprintf("watch record %d: cancelled by the server (reason %q)%s; etcd keeps a well-formed watch until the client cancels it", v.rec.ID, r.CancelReason, why), d...)
 		}
 	}
+}
+
+func (c *checker) createdSeq(v *view) int {
+	for _, r := range v.resps {
+		if r.Created {
+			return r.Seq
+		}
+	}
+	return 0
 }
 
 func (c *checker) prevKV(v *view, g got) {

@@ -32,11 +32,28 @@ func dial(endpoint string, slow bool) (*grpc.ClientConn, error) {
 type groundTruth struct {
 	endpoints []string
 	in        *interner
-	mu        sync.Mutex
+	mu        sync.RWMutex
 	events    []record.Event
+	indexed   bool // keep an index for Find (the slow-readers run)
+	index     map[gtKey]int
+	revFirst  []int32 // index of the first event of each revision (indexed only)
 	last      atomic.Int64
 	err       atomic.Value // a harness failure (the ground truth was cancelled)
 	resumes   int
+	timed     bool        // keep each response's arrival time (for the HA gaps)
+	times     []time.Time // arrival of each event response (timed only)
+}
+
+// firstAfter is when (since start) the first event arrived after at, or 0.
+func (g *groundTruth) firstAfter(at time.Duration, start time.Time) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, t := range g.times {
+		if d := t.Sub(start); d > at {
+			return d
+		}
+	}
+	return 0
 }
 
 func newGroundTruth(endpoints []string, in *interner) *groundTruth {
@@ -126,10 +143,60 @@ func (g *groundTruth) once(ctx context.Context, ep string) error {
 		}
 		g.mu.Lock()
 		for _, e := range resp.Events {
+			if g.indexed {
+				rev := e.Kv.ModRevision
+				for int64(len(g.revFirst)) <= rev {
+					g.revFirst = append(g.revFirst, int32(len(g.events)))
+				}
+				g.index[gtKey{rev, string(e.Kv.Key)}] = len(g.events)
+			}
 			g.events = append(g.events, g.in.event(e))
 		}
 		last := resp.Events[len(resp.Events)-1].Kv.ModRevision
+		if g.timed {
+			g.times = append(g.times, time.Now())
+		}
 		g.mu.Unlock()
 		g.last.Store(last)
 	}
+}
+
+type gtKey struct {
+	rev int64
+	key string
+}
+
+// The checker.Source of a live ground truth (indexed).
+
+func (g *groundTruth) WaitRev(rev int64) bool { return g.WaitFor(rev, 30*time.Second) == nil }
+
+func (g *groundTruth) Len() int {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return len(g.events)
+}
+
+func (g *groundTruth) Event(i int) *record.Event {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return &g.events[i]
+}
+
+func (g *groundTruth) Find(rev int64, key string) (int, bool) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	i, ok := g.index[gtKey{rev, key}]
+	return i, ok
+}
+
+func (g *groundTruth) FirstAt(rev int64) int {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if rev < int64(len(g.revFirst)) {
+		if rev < 0 {
+			return 0
+		}
+		return int(g.revFirst[rev])
+	}
+	return len(g.events)
 }

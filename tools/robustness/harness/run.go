@@ -452,6 +452,9 @@ func (l *load) faults(ctx context.Context, etcd, target *Proc) {
 			f.Note = fmt.Sprintf("stopped %s", d)
 		case "etcd-kill":
 			etcd.Kill()
+			down := time.Duration(1000+rng.IntN(2000)) * time.Millisecond
+			time.Sleep(down)
+			f.Note = fmt.Sprintf("down %s before the restart", down)
 			if err := etcd.Start(60 * time.Second); err != nil {
 				f.Note = "restart failed: " + err.Error()
 			}
