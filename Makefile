@@ -94,6 +94,35 @@ validate-slo: setup-rust setup-etcd ## simulate() against the real watchcache + 
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example slo_validate
 	WATCHCACHE_ETCD_BIN=$(TOOLS)/bin/etcd $(ROOT)/target/release/examples/slo_validate --watchcache $(ROOT)/target/release/watchcache $(SLO_FILES)
 
+# The robustness suite (tools/robustness, issue 10): SEEDS seeded runs of DURATION through the
+# release watchcache (flag set = seed mod 3), each with a baseline of the same load against etcd.
+SEEDS ?= 10
+DURATION ?= 90s
+ROBUSTNESS_OUT ?= $(ROOT)/artifacts/robustness
+ROBUSTNESS_ARGS = --etcd-bin $(TOOLS)/bin/etcd --watchcache-bin $(ROOT)/target/release/watchcache
+# Flags for robustness-slow-readers (e.g. --streams 20 --stall 10s for a short run).
+SLOW_READERS_ARGS ?=
+
+.PHONY: robustness robustness-smoke robustness-ha robustness-slow-readers robustness-build
+
+robustness-build: setup-rust setup-etcd
+	@test -n "$(GO)" || { echo "Go not found (needed for tools/robustness)" >&2; exit 1; }
+	$(CARGO) build --release -p host-etcd --bin watchcache
+	cd tools/robustness && $(GO) build -o $(TOOLS)/bin/robustness .
+
+robustness: robustness-build ## SEEDS (10) runs of DURATION (90s) with faults through watchcache, each with an etcd baseline; a table per seed
+	$(TOOLS)/bin/robustness suite --seeds $(SEEDS) --duration $(DURATION) --out $(ROBUSTNESS_OUT) $(ROBUSTNESS_ARGS)
+
+robustness-smoke: robustness-build ## about 2 minutes: the checker's tests, 2 seeds × 35 s (one baseline), the self-test on the baseline's recording
+	cd tools/robustness && $(GO) test ./...
+	$(TOOLS)/bin/robustness suite --seeds 2 --duration 35s --baseline-seeds 1 --selftest --details 2 --out $(ROBUSTNESS_OUT)/smoke $(ROBUSTNESS_ARGS)
+
+robustness-ha: robustness-build ## 3 etcd members, 2 watchcache replicas; kill the replica in use, then the etcd leader
+	$(TOOLS)/bin/robustness ha --out $(ROBUSTNESS_OUT)/ha $(ROBUSTNESS_ARGS)
+
+robustness-slow-readers: robustness-build ## 1 000 watchers stop reading for 60 s under 1 000 events/s: RSS and catch-up (SLOW_READERS_ARGS)
+	$(TOOLS)/bin/robustness slow-readers --out $(ROBUSTNESS_OUT)/slow-readers $(ROBUSTNESS_ARGS) $(SLOW_READERS_ARGS)
+
 setup-rust: setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 

@@ -36,7 +36,7 @@ func cmdHA(args []string) int {
 	}
 	rep.PrintTable(os.Stdout, fmt.Sprintf("HA: 3 etcd members, 2 watchcache replicas, %d clientv3 watches over both · %s", *watches, *dur))
 	for _, f := range res.Failovers {
-		fmt.Printf("   %s at +%.1fs (%s; the watches then on %s): first event after it, per prefix watch: median %.0f ms, max %.0f ms (etcd's own watch: %.0f ms)\n",
+		fmt.Printf("   %s at +%.1fs (%s; the watches then on %s): longest time without an event around it, per prefix watch: median %.0f ms, max %.0f ms (etcd's own watch: %.0f ms)\n",
 			f.What, f.At.Seconds(), f.Replica, f.After, harness.Median(f.GapsMS), harness.Max(f.GapsMS), f.EtcdGaps)
 	}
 	if rep.Total() > 0 {

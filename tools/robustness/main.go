@@ -162,7 +162,9 @@ func cmdSuite(args []string) int {
 	first := fs.Int64("first-seed", 1, "first seed")
 	dur := fs.Duration("duration", 90*time.Second, "length of each run")
 	out := fs.String("out", "", "directory for each run's logs and violations (default: a temporary one)")
-	baseline := fs.Bool("baseline", true, "run each seed against etcd too")
+	baseline := fs.Bool("baseline", true, "run seeds against etcd too")
+	baselineSeeds := fs.Int("baseline-seeds", 0, "only the first N seeds get a baseline (0: all)")
+	selftestToo := fs.Bool("selftest", false, "then plant corruptions in the first baseline's recording (and a synthetic one); a miss fails the suite")
 	save := fs.Bool("save", false, "save every recording")
 	details := fs.Int("details", 3, "violations printed in full per property and run")
 	_ = fs.Parse(args)
@@ -182,7 +184,7 @@ func cmdSuite(args []string) int {
 	var rows []row
 	for s := *first; s < *first+int64(*seeds); s++ {
 		targets := []string{"watchcache"}
-		if *baseline {
+		if *baseline && (*baselineSeeds == 0 || s < *first+int64(*baselineSeeds)) {
 			targets = append(targets, "etcd")
 		}
 		for _, t := range targets {
@@ -192,7 +194,8 @@ func cmdSuite(args []string) int {
 				name += fmt.Sprintf(" (flag set %d)", fsn)
 			}
 			dir := filepath.Join(*out, fmt.Sprintf("seed%d-%s", s, t))
-			cfg := harness.Config{Seed: s, Duration: *dur, FlagSet: fsn, Target: t, EtcdBin: c.etcdBin, WatchcacheBin: c.wcBin, Out: dir, Save: *save, Log: logf}
+			keep := *save || (*selftestToo && t == "etcd" && s == *first)
+			cfg := harness.Config{Seed: s, Duration: *dur, FlagSet: fsn, Target: t, EtcdBin: c.etcdBin, WatchcacheBin: c.wcBin, Out: dir, Save: keep, Log: logf}
 			rep, _, err := oneRun(cfg, *details)
 			if err != nil {
 				fmt.Printf("── %s: HARNESS ERROR: %v\n", name, err)
@@ -227,12 +230,49 @@ func cmdSuite(args []string) int {
 			bad++
 		}
 	}
-	if bad > 0 {
-		fmt.Printf("robustness: %d of %d runs with violations or errors\n", bad, len(rows))
+	missed := 0
+	if *selftestToo {
+		fmt.Println()
+		missed += selftestReport("synthetic recording", selftest.Synthetic())
+		path := filepath.Join(*out, fmt.Sprintf("seed%d-etcd", *first), "run.gob.gz")
+		if run, err := record.Load(path); err != nil {
+			fmt.Printf("selftest: no baseline recording (%v)\n", err)
+			missed++
+		} else {
+			missed += selftestReport(path, run)
+		}
+	}
+	if bad > 0 || missed > 0 {
+		fmt.Printf("robustness: %d of %d runs with violations or errors; self-test: %d missed\n", bad, len(rows), missed)
 		return 1
 	}
 	fmt.Printf("robustness: %d runs, 0 violations\n", len(rows))
 	return 0
+}
+
+// selftestReport plants the corruptions in run and prints what was caught; it returns the misses.
+func selftestReport(src string, run *record.Run) int {
+	results, err := selftest.Run(run)
+	if err != nil {
+		fmt.Printf("selftest on %s: %v\n", src, err)
+		return 1
+	}
+	fmt.Printf("── self-test on %s\n", src)
+	failed := 0
+	for _, r := range results {
+		status := "caught"
+		if !r.Caught {
+			status = "MISSED"
+			failed++
+		}
+		fmt.Printf("   %-28s -> %-13s %s: %s\n", r.Name, r.Property, status, r.Detail)
+	}
+	if failed > 0 {
+		fmt.Printf("selftest: %d of %d corruptions missed\n", failed, len(results))
+	} else {
+		fmt.Printf("selftest: all %d corruptions caught\n", len(results))
+	}
+	return failed
 }
 
 func cmdCheck(args []string) int {
@@ -276,29 +316,12 @@ func cmdSelftest(args []string) int {
 	} else {
 		run = selftest.Synthetic()
 	}
-	results, err := selftest.Run(run)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "selftest:", err)
-		return 2
-	}
-	failed := 0
 	src := "synthetic recording"
 	if *rec != "" {
 		src = *rec
 	}
-	fmt.Printf("── self-test on %s\n", src)
-	for _, r := range results {
-		status := "caught"
-		if !r.Caught {
-			status = "MISSED"
-			failed++
-		}
-		fmt.Printf("   %-28s -> %-13s %s: %s\n", r.Name, r.Property, status, r.Detail)
-	}
-	if failed > 0 {
-		fmt.Printf("selftest: %d of %d corruptions missed\n", failed, len(results))
+	if selftestReport(src, run) > 0 {
 		return 1
 	}
-	fmt.Printf("selftest: all %d corruptions caught\n", len(results))
 	return 0
 }

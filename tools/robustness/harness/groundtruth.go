@@ -44,16 +44,15 @@ type groundTruth struct {
 	times     []time.Time // arrival of each event response (timed only)
 }
 
-// firstAfter is when (since start) the first event arrived after at, or 0.
-func (g *groundTruth) firstAfter(at time.Duration, start time.Time) time.Duration {
+// arrivals are the event responses' arrival times since start (timed only).
+func (g *groundTruth) arrivals(start time.Time) []time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, t := range g.times {
-		if d := t.Sub(start); d > at {
-			return d
-		}
+	out := make([]time.Duration, len(g.times))
+	for i, t := range g.times {
+		out[i] = t.Sub(start)
 	}
-	return 0
+	return out
 }
 
 func newGroundTruth(endpoints []string, in *interner) *groundTruth {

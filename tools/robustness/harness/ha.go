@@ -37,7 +37,7 @@ type Failover struct {
 	At       time.Duration
 	Replica  string // the replica the client used before, and after
 	After    string
-	GapsMS   []float64 // per prefix watch: from the fault to its first event after it
+	GapsMS   []float64 // per prefix watch: the longest time without an event around the fault
 	EtcdGaps float64   // the same for the ground truth on etcd (writes pause while etcd elects)
 }
 
@@ -185,7 +185,7 @@ func RunHA(cfg HAConfig) (*HAResult, error) {
 		slot.watches = append(slot.watches, vw)
 		slot.mu.Unlock()
 		slot.start(watchCtx, vw, rec.known.Load()+1, "recent")
-		if sel.kind == "prefix" {
+		if sel.kind == "prefix" || sel.kind == "sub-prefix" {
 			prefixWatches = append(prefixWatches, vw)
 		}
 	}
@@ -209,24 +209,26 @@ func RunHA(cfg HAConfig) (*HAResult, error) {
 		return -1
 	}
 	res := &HAResult{}
-	firstAfter := func(at time.Duration, f *Failover) {
+	// The interruption a fault caused: the longest time between two event responses of a
+	// watch in the window from 1 s before the fault to 8 s after it.
+	measure := func(at time.Duration, f *Failover) {
 		time.Sleep(8 * time.Second)
+		lo, hi := at-time.Second, at+8*time.Second
 		for _, vw := range prefixWatches {
 			slot.mu.Lock()
 			sr := vw.sr
 			slot.mu.Unlock()
+			var times []time.Duration
 			sr.mu.Lock()
 			for _, r := range sr.s.Recvs {
-				if len(r.Events) > 0 && r.At > at {
-					f.GapsMS = append(f.GapsMS, float64(r.At-at)/1e6)
-					break
+				if len(r.Events) > 0 && r.At >= lo && r.At <= hi {
+					times = append(times, r.At)
 				}
 			}
 			sr.mu.Unlock()
+			f.GapsMS = append(f.GapsMS, maxGap(times, lo, hi))
 		}
-		if t := gt.firstAfter(at, rec.start); t > 0 {
-			f.EtcdGaps = float64(t-at) / 1e6
-		}
+		f.EtcdGaps = maxGap(gt.arrivals(rec.start), lo, hi)
 	}
 
 	phase := cfg.Duration / 6
@@ -239,7 +241,7 @@ func RunHA(cfg HAConfig) (*HAResult, error) {
 	cfg.Log("ha: killing %s (in use) at +%.1fs", reps[used].Name, f1.At.Seconds())
 	reps[used].Kill()
 	rec.addFault(record.Fault{Kind: "replica-kill", At: f1.At, Until: rec.now(), Note: reps[used].Name})
-	firstAfter(f1.At, &f1)
+	measure(f1.At, &f1)
 	if other := inUse(); other >= 0 {
 		f1.After = reps[other].Name
 	}
@@ -265,7 +267,7 @@ func RunHA(cfg HAConfig) (*HAResult, error) {
 	cfg.Log("ha: killing etcd leader %s at +%.1fs", members[leader].Name, f2.At.Seconds())
 	etcds[leader].Kill()
 	rec.addFault(record.Fault{Kind: "etcd-leader-kill", At: f2.At, Until: rec.now(), Note: members[leader].Name})
-	firstAfter(f2.At, &f2)
+	measure(f2.At, &f2)
 	if u := inUse(); u >= 0 {
 		f2.After = reps[u].Name
 	}
@@ -334,4 +336,19 @@ func Max(xs []float64) float64 {
 		m = max(m, x)
 	}
 	return m
+}
+
+// maxGap is the longest interval without an arrival in [lo, hi], in ms.
+func maxGap(times []time.Duration, lo, hi time.Duration) float64 {
+	prev := lo
+	var m time.Duration
+	for _, t := range times {
+		if t < lo || t > hi {
+			continue
+		}
+		m = max(m, t-prev)
+		prev = t
+	}
+	m = max(m, hi-prev)
+	return float64(m) / 1e6
 }
