@@ -196,6 +196,24 @@ func (b *budgetBridge) due() (time.Time, bool) {
 	return b.deadline, b.armed && !b.fired
 }
 
+// waitReturned waits (real time) until the blocked dispatch has returned its budget.
+func (b *budgetBridge) waitReturned() {
+	start := time.Now()
+	for {
+		b.mu.Lock()
+		armed := b.armed
+		b.mu.Unlock()
+		if !armed {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			fmt.Fprintln(os.Stderr, "kube-oracle: the dispatch loop did not return its budget after its timer fired")
+			os.Exit(70)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
 func (b *budgetBridge) markFired() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -330,6 +348,9 @@ func (d *driver) settle() {
 		if t, armed := d.budget.due(); armed && !t.After(now) {
 			d.budget.markFired()
 			d.kube.fireDispatchTimer()
+			// The real timer fires asynchronously, and until it has, the dispatch goroutine
+			// still looks parked: wait until the dispatch has given the budget back.
+			d.budget.waitReturned()
 			continue
 		}
 		if d.expireDeadlines(now) {
@@ -581,6 +602,10 @@ func (d *driver) reject(id string, err error) {
 	d.emit(r)
 }
 
+// skipListDefaults (run -no-list-defaults) leaves out SetListOptionsDefaults, to see what the
+// cacher alone does with a legacy watch when WatchList is on (for investigation only).
+var skipListDefaults bool
+
 func watchListEnabled() bool { return utilfeature.DefaultFeatureGate.Enabled(features.WatchList) }
 
 // decodeListOptions is the request layer of endpoints/handlers/get.go (ListResource): query
@@ -590,7 +615,9 @@ func decodeListOptions(q url.Values) (*metainternalversion.ListOptions, error) {
 	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(q, metav1.SchemeGroupVersion, &opts); err != nil {
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
-	setListOptionsDefaults(&opts, watchListEnabled())
+	if !skipListDefaults {
+		setListOptionsDefaults(&opts, watchListEnabled())
+	}
 	if errs := metainternalversionvalidation.ValidateListOptions(&opts, watchListEnabled()); len(errs) > 0 {
 		return nil, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs)
 	}
@@ -801,13 +828,32 @@ func (d *driver) withRequestTimeout(c *client) {
 
 // --- the result ------------------------------------------------------------------------------
 
-// sortedTrace is the trace in time order; records of one instant keep the order in which the
-// driver saw them.
+// sortedTrace is the trace in a canonical order: by time, then by client in the order the
+// scenario starts them (records without a client first), each client's records in the order it
+// saw them. Within one instant the interleaving of different clients is goroutine scheduling in
+// Kubernetes, so the order the driver happened to observe is not printed.
 func (d *driver) sortedTrace() []record {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	rank := map[string]int{}
+	for i, c := range d.clients {
+		if _, ok := rank[c.id]; !ok {
+			rank[c.id] = i
+		}
+	}
+	rankOf := func(r record) int {
+		if r.ID == nil {
+			return -1
+		}
+		return rank[*r.ID]
+	}
 	out := append([]record(nil), d.trace...)
-	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].At != out[j].At {
+			return out[i].At < out[j].At
+		}
+		return rankOf(out[i]) < rankOf(out[j])
+	})
 	return out
 }
 

@@ -57,6 +57,7 @@ func runCmd(args []string) int {
 	verbose := fl.Bool("v", false, "print the cacher's log (klog -v=1) to stderr")
 	profile := fl.String("profile", "", "run the scenario as this profile (default: its config's)")
 	metaPath := fl.String("meta", "", "write metadata (no counterpart, skipped requests) to this JSON file")
+	fl.BoolVar(&skipListDefaults, "no-list-defaults", false, "skip the request layer's SetListOptionsDefaults (investigation only)")
 	_ = fl.Parse(args)
 	if fl.NArg() != 1 {
 		usage()

@@ -1,0 +1,153 @@
+package main
+
+// k8s.io/apiserver v0.37.x: as v0.34 (CacheDelegator, the global etcd feature checker); the
+// cacher's reflector streams its initial list (WatchList), which the fake storage serves.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/apis/example"
+	examplev1 "k8s.io/apiserver/pkg/apis/example/v1"
+	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/cacher"
+	etcdfeature "k8s.io/apiserver/pkg/storage/feature"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+)
+
+const (
+	profileName = "v1.37"
+	kubeVersion = "k8s.io/apiserver v0.37.2"
+)
+
+type kube struct {
+	front storage.Interface
+	c     *cacher.Cacher
+	del   *cacher.CacheDelegator
+}
+
+// progressSupport answers whether etcd supports RequestWatchProgress (the scenario's
+// storage_supports_progress) instead of asking etcd endpoints.
+type progressSupport struct {
+	etcdfeature.FeatureSupportChecker
+	progress bool
+}
+
+func (p progressSupport) Supports(f storage.Feature) bool {
+	if f == storage.RequestWatchProgress {
+		return p.progress
+	}
+	return p.FeatureSupportChecker.Supports(f)
+}
+
+// gatesOf lists the scenario gate switches whose Kubernetes gate exists in this version.
+func gatesOf() map[string]bool {
+	known := utilfeature.DefaultMutableFeatureGate.GetAll()
+	out := map[string]bool{}
+	for _, g := range scenarioGates {
+		if _, ok := known[featureName(g.gate)]; ok {
+			out[g.field] = true
+		}
+	}
+	return out
+}
+
+// gateProblem sets the gates and says why that is impossible, if it is.
+func gateProblem(cfg config) string {
+	set := map[string]bool{}
+	have := gatesOf()
+	for _, g := range scenarioGates {
+		if have[g.field] {
+			set[g.gate] = cfg.Gates[g.field]
+		}
+	}
+	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(set); err != nil {
+		return fmt.Sprintf("feature gates: %v", err)
+	}
+	return ""
+}
+
+func setListOptionsDefaults(opts *metainternalversion.ListOptions, watchList bool) {
+	metainternalversion.SetListOptionsDefaults(opts, watchList)
+}
+
+func baseConfig(d *driver) cacher.Config {
+	cfg := cacher.Config{
+		Storage:        kubeStorage{d.fs},
+		Versioner:      storage.APIObjectVersioner{},
+		GroupResource:  podsResource,
+		ResourcePrefix: resourcePrefix(d),
+		KeyFunc:        objectKey,
+		GetAttrsFunc:   objectAttrs,
+		NewFunc:        func() runtime.Object { return &example.Pod{} },
+		NewListFunc:    func() runtime.Object { return &example.PodList{} },
+		Codec:          codecs.LegacyCodec(examplev1.SchemeGroupVersion),
+		Clock:          d.clock,
+		// The core's event_fresh_ms is the history window (NewCacherFromConfig refuses < 75 s).
+		EventsHistoryWindow: time.Duration(d.cfg.EventFreshMs) * time.Millisecond,
+	}
+	if f := d.cfg.IndexField; f != "" {
+		cfg.IndexerFuncs = storage.IndexerFuncs{f: func(obj runtime.Object) string { return objectField(obj, f) }}
+	}
+	return cfg
+}
+
+func newKube(d *driver) (*kube, error) {
+	etcdfeature.DefaultFeatureSupportChecker = progressSupport{etcdfeature.DefaultFeatureSupportChecker, d.cfg.StorageSupportsProgress}
+	c, err := cacher.NewCacherFromConfig(baseConfig(d))
+	if err != nil {
+		return nil, err
+	}
+	configure(d, c)
+	del := cacher.NewCacheDelegator(c, kubeStorage{d.fs})
+	return &kube{front: del, c: c, del: del}, nil
+}
+
+// configure sets the knobs of the whitebox tests (fixed capacity is lower = upper = capacity).
+func configure(d *driver, c *cacher.Cacher) {
+	k := cacher.KubeOracleKnobs{
+		Capacity:           d.cfg.Capacity,
+		LowerBoundCapacity: d.cfg.LowerBound,
+		UpperBoundCapacity: d.cfg.UpperBound,
+		BookmarkFrequency:  time.Duration(d.cfg.BookmarkFrequencyMs) * time.Millisecond,
+	}
+	if !d.cfg.Dynamic {
+		k.LowerBoundCapacity, k.UpperBoundCapacity = d.cfg.Capacity, d.cfg.Capacity
+	}
+	d.budget.inner = cacher.KubeOracleTimeBudget(d.clock,
+		time.Duration(d.cfg.BudgetRefillMsPerS)*time.Millisecond, time.Duration(d.cfg.BudgetMaxMs)*time.Millisecond)
+	k.Budget = d.budget
+	cacher.KubeOracleConfigure(c, k)
+}
+
+func (k *kube) fireDispatchTimer() { cacher.KubeOracleFireDispatchTimer(k.c) }
+func (k *kube) watcherStopped(w watch.Interface) (bool, bool) {
+	return cacher.KubeOracleWatcherStopped(k.c, w)
+}
+func (k *kube) stop()        { k.c.Stop(); k.del.Stop() }
+func (k *kube) listed() bool { return cacher.KubeOracleListResourceVersion(k.c) != 0 }
+
+// kubeStorage adds the methods of this version's storage.Interface that the oracle never uses.
+type kubeStorage struct{ *fakeStorage }
+
+func (kubeStorage) Delete(context.Context, string, runtime.Object, *storage.Preconditions, storage.ValidateObjectFunc, runtime.Object, storage.DeleteOptions) error {
+	return fmt.Errorf("kube-oracle: Delete is not used")
+}
+
+func (kubeStorage) GuaranteedUpdate(context.Context, string, runtime.Object, bool, *storage.Preconditions, storage.UpdateFunc, runtime.Object) error {
+	return fmt.Errorf("kube-oracle: GuaranteedUpdate is not used")
+}
+
+func (kubeStorage) Stats(context.Context) (storage.Stats, error) {
+	return storage.Stats{}, fmt.Errorf("kube-oracle: Stats is not used")
+}
+func (kubeStorage) ReadinessCheck() error        { return nil }
+func (kubeStorage) EnableResourceSizeEstimation(storage.KeysFunc) error { return nil }
+func (s kubeStorage) GetCurrentResourceVersion(ctx context.Context) (uint64, error) {
+	return s.currentRV(ctx), nil
+}
+func (s kubeStorage) CompactRevision() int64 { return s.compactRevision() }
