@@ -570,6 +570,12 @@ func (c *checker) bookmarks(v *view, evs []got, expected []int, recvSeq []int) {
 			c.watchViolation(v, Bookmarkable, R, r, fmt.Sprintf("watch record %d: %s at %d after event %s", v.rec.ID, kind, R, lastBefore.Short()),
 				"progress "+r.Describe(0, nil))
 		}
+		if S := v.rec.Request.StartRevision; S > 0 && R < S-1 {
+			// etcd sends no progress below a watch's start (the fix of etcd #20221): clientv3
+			// would resume such a watch from R+1 and replay revisions it never asked for.
+			c.watchViolation(v, Bookmarkable, R, r, fmt.Sprintf("watch record %d: %s at %d, below the watch's start revision %d", v.rec.ID, kind, R, S),
+				"progress "+r.Describe(0, nil))
+		}
 		if c.run.FinalRevision > 0 && R > c.run.FinalRevision {
 			c.watchViolation(v, Bookmarkable, R, r, fmt.Sprintf("watch record %d: %s at %d, beyond etcd's final revision %d", v.rec.ID, kind, R, c.run.FinalRevision),
 				"progress "+r.Describe(0, nil))

@@ -60,6 +60,7 @@ var corruptions = []corruption{
 	{"event outside the range", checker.Filter, foreignEvent},
 	{"skipped first event", checker.Resumable, skipFirst},
 	{"server cancel", checker.Cancel, serverCancel},
+	{"progress below the start", checker.Bookmarkable, progressBelowStart},
 }
 
 // Run plants every corruption in its own copy of run and checks it.
@@ -625,4 +626,17 @@ func serverCancel(p *planter) (string, error) {
 	recvs = append(recvs, resp)
 	s.Recvs = append(recvs, s.Recvs[last+1:]...)
 	return fmt.Sprintf("watch record %d: a cancel the client did not ask for after #%d", pl.watch, s.Recvs[last].Seq), nil
+}
+
+func progressBelowStart(p *planter) (string, error) {
+	pl, ok := p.find(func(pl place) bool {
+		return len(pl.resps) >= 1 && p.run.Watches[pl.watch].Request.StartRevision > 10 && p.clean(pl)
+	})
+	if !ok {
+		return "", errNoPlace
+	}
+	s := p.use(pl)
+	S := p.run.Watches[pl.watch].Request.StartRevision
+	insertBefore(s, pl.resps[0], record.Response{WatchID: pl.id, Revision: S - 5})
+	return fmt.Sprintf("watch record %d (start %d): a progress notification at %d before its first event", pl.watch, S, S-5), nil
 }
