@@ -123,6 +123,24 @@ robustness-ha: robustness-build ## 3 etcd members, 2 watchcache replicas; kill t
 robustness-slow-readers: robustness-build ## 1 000 watchers stop reading for 60 s under 1 000 events/s: RSS and catch-up (SLOW_READERS_ARGS)
 	$(TOOLS)/bin/robustness slow-readers --out $(ROBUSTNESS_OUT)/slow-readers $(ROBUSTNESS_ARGS) $(SLOW_READERS_ARGS)
 
+# The Kubernetes oracle (tools/kube-oracle): the real k8s.io/apiserver cacher of each profile.
+KUBE_ORACLE_PROFILES := v1.30 v1.34 v1.37
+# Flags for oracle-diff (e.g. ORACLE_DIFF_ARGS="-v" for the differing records, "-reasons").
+ORACLE_DIFF_ARGS ?=
+
+.PHONY: setup-kube-oracle oracle-diff oracle-changes
+
+setup-kube-oracle: ## kube-oracle-v1.30/v1.34/v1.37 in .tools/bin, built against k8s.io/apiserver v0.30.3/v0.34.13/v0.37.2
+	@test -n "$(GO)" || { echo "Go not found (needed for tools/kube-oracle)" >&2; exit 1; }
+	@for p in $(KUBE_ORACLE_PROFILES); do GO=$(GO) tools/kube-oracle/build.sh $$p || exit 1; done
+
+oracle-diff: setup-kube-oracle setup-rust ## every scenario through watchcache replay and the real Kubernetes cacher; fails on a difference not in tools/kube-oracle/allow.txt
+	$(CARGO) build -q -p host-etcd --bin watchcache
+	$(TOOLS)/bin/kube-oracle-v1.30 diff -watchcache $(ROOT)/target/debug/watchcache -bin $(TOOLS)/bin $(ORACLE_DIFF_ARGS)
+
+oracle-changes: setup-kube-oracle ## what the v1.37 cacher does differently from v1.34's on every scenario (both run as each profile)
+	$(TOOLS)/bin/kube-oracle-v1.30 diff -left oracle:v1.34 -right oracle:v1.37 -bin $(TOOLS)/bin $(ORACLE_DIFF_ARGS) || true
+
 setup-rust: setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 

@@ -45,9 +45,6 @@ func noCounterpart(sc *scenario, cfg config, have map[string]bool) (string, map[
 	if cfg.Profile != "v1.30" && cfg.EventFreshMs < 75000 {
 		add("event_fresh_ms %d: EventsHistoryWindow below 75 s is refused by NewCacherFromConfig", cfg.EventFreshMs)
 	}
-	if !cfg.Dynamic && (cfg.LowerBound > cfg.Capacity || cfg.UpperBound < cfg.Capacity) {
-		// fixed capacity is lower = upper = capacity (what the whitebox tests do)
-	}
 	if cfg.Capacity > math.MaxInt32 || cfg.UpperBound > math.MaxInt32 {
 		add("capacity too large")
 	}
@@ -99,11 +96,22 @@ func noCounterpart(sc *scenario, cfg config, have map[string]bool) (string, map[
 	return strings.Join(dedup(why), "; "), skips
 }
 
-// impliedGate is the behaviour of a version in which the gate does not exist.
+// impliedGate is the behaviour of a version in which the gate does not exist: not there yet in
+// v1.30, GA and removed by v1.37 (k8s.io/apiserver pkg/features/kube_features.go).
 func impliedGate(profile, field string) (bool, bool) {
-	switch field {
-	case "resilient_initialization", "list_from_cache_snapshot":
-		return false, profile == "v1.30"
+	switch profile {
+	case "v1.30":
+		switch field {
+		case "resilient_initialization", "list_from_cache_snapshot":
+			return false, true
+		}
+	case "v1.37":
+		switch field {
+		case "consistent_list_from_cache", "resilient_initialization":
+			return true, true
+		case "watch_from_storage_without_rv":
+			return false, true
+		}
 	}
 	return false, false
 }

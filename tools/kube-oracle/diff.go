@@ -154,8 +154,12 @@ func diffCmd(args []string) int {
 			fmt.Println(indent(details[i], "    "))
 		}
 	}
+	ran := map[string]bool{}
+	for _, r := range rows {
+		ran[r.scenario+"@"+r.profile] = true
+	}
 	for _, a := range allow {
-		if !a.used {
+		if !a.used && ran[a.scenario+"@"+a.profile] {
 			fmt.Printf("note: allow-list entry %s@%s matches no difference (remove it if the scenario is now the same)\n", a.scenario, a.profile)
 		}
 	}

@@ -865,3 +865,15 @@ func featureName(s string) featuregate.Feature { return featuregate.Feature(s) }
 // ("/pods" in every scenario so far); the cacher only uses it for the reflector's requests,
 // which the fake storage answers whatever the key.
 func resourcePrefix(d *driver) string { return d.prefix }
+
+// extraGates are feature gates from KUBE_ORACLE_GATES ("Gate=true,Other=false"), for looking at
+// options the scenario format has no field for (investigation only; never used by the diff).
+func extraGates() map[string]bool {
+	out := map[string]bool{}
+	for _, kv := range strings.Split(os.Getenv("KUBE_ORACLE_GATES"), ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok {
+			out[k] = v == "true"
+		}
+	}
+	return out
+}

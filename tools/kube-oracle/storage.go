@@ -20,10 +20,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,6 +55,9 @@ type loggedEvent struct {
 
 type fakeStorage struct {
 	d *driver
+	// stamp wraps an event's object with the time storage decoded it (v1.37's cacher asks for
+	// that with ListOptions.RecordTimestamps; nil where the version has no such option).
+	stamp func(obj runtime.Object, at time.Time) runtime.Object
 
 	mu         sync.Mutex
 	objs       map[string]*example.Pod // the state at `rev`
@@ -72,10 +77,12 @@ func newFakeStorage(d *driver) *fakeStorage {
 }
 
 type fakeWatch struct {
-	ch      chan watch.Event
-	stop    chan struct{}
-	once    sync.Once
-	stopped bool
+	ch   chan watch.Event
+	stop chan struct{}
+	once sync.Once
+	// stampWith, when set, wraps changes (not initial events, bookmarks or errors) with the
+	// fake time they are sent at: etcd3's watcher records the decode time the same way.
+	stampWith func(runtime.Object) runtime.Object
 }
 
 func newFakeWatch() *fakeWatch {
@@ -95,6 +102,9 @@ func (w *fakeWatch) isStopped() bool {
 func (w *fakeWatch) send(ev watch.Event) {
 	if w.isStopped() {
 		return
+	}
+	if w.stampWith != nil && (ev.Type == watch.Added || ev.Type == watch.Modified || ev.Type == watch.Deleted) {
+		ev.Object = w.stampWith(ev.Object)
 	}
 	select {
 	case w.ch <- ev:
@@ -121,6 +131,13 @@ func calledFrom(part string) bool {
 
 var errDelegated = errors.New("kube-oracle: served by storage")
 
+// debugf prints the fake storage's calls when KUBE_ORACLE_DEBUG is set.
+func debugf(format string, a ...any) {
+	if os.Getenv("KUBE_ORACLE_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "kube-oracle storage: "+format+"\n", a...)
+	}
+}
+
 func (s *fakeStorage) Versioner() storage.Versioner { return storage.APIObjectVersioner{} }
 
 func (s *fakeStorage) Create(context.Context, string, runtime.Object, runtime.Object, uint64) error {
@@ -128,11 +145,20 @@ func (s *fakeStorage) Create(context.Context, string, runtime.Object, runtime.Ob
 }
 
 func (s *fakeStorage) Watch(ctx context.Context, key string, opts storage.ListOptions) (watch.Interface, error) {
+	return s.watchWith(ctx, key, opts, false)
+}
+
+func (s *fakeStorage) watchWith(ctx context.Context, key string, opts storage.ListOptions, stamp bool) (watch.Interface, error) {
 	if id, ok := requestID(ctx); ok {
 		s.d.delegated(id, "WATCH")
 		return newFakeWatch(), nil
 	}
+	debugf("reflector watch from %q sendInitialEvents=%v recordTimestamps=%v", opts.ResourceVersion, opts.SendInitialEvents != nil && *opts.SendInitialEvents, stamp)
 	w := newFakeWatch()
+	if stamp && s.stamp != nil {
+		clk := s.d.clock
+		w.stampWith = func(o runtime.Object) runtime.Object { return s.stamp(o, clk.Now()) }
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.watch != nil {
@@ -192,6 +218,7 @@ func (s *fakeStorage) GetList(ctx context.Context, key string, opts storage.List
 		return nil
 	}
 	// The reflector's list: wait for the scenario's `replace`.
+	debugf("reflector list at %q", opts.ResourceVersion)
 	ch := make(chan listAnswer, 1)
 	s.mu.Lock()
 	s.lists++
@@ -264,6 +291,8 @@ func (s *fakeStorage) replace(rv uint64, objs []scObject) error {
 		s.listWaiter <- listAnswer{rv: rv, objs: pods}
 		s.listWaiter = nil
 	case s.initial != nil && !s.initial.isStopped():
+		stamp := s.initial.stampWith
+		s.initial.stampWith = nil // etcd3 does not stamp initial events
 		for _, p := range pods {
 			s.initial.send(watch.Event{Type: watch.Added, Object: p})
 		}
@@ -271,6 +300,7 @@ func (s *fakeStorage) replace(rv uint64, objs []scObject) error {
 		end.ResourceVersion = strconv.FormatUint(rv, 10)
 		end.Annotations = map[string]string{annEnd: "true"}
 		s.initial.send(watch.Event{Type: watch.Bookmark, Object: end})
+		s.initial.stampWith = stamp
 		s.initial = nil
 	default:
 		return fmt.Errorf("replace: the reflector is not listing")

@@ -65,6 +65,9 @@ func gateProblem(cfg config) string {
 			set[g.gate] = cfg.Gates[g.field]
 		}
 	}
+	for k, v := range extraGates() {
+		set[k] = v
+	}
 	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(set); err != nil {
 		return fmt.Sprintf("feature gates: %v", err)
 	}

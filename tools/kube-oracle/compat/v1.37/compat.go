@@ -9,6 +9,8 @@ import (
 	"time"
 
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/apis/example"
@@ -65,6 +67,9 @@ func gateProblem(cfg config) string {
 			set[g.gate] = cfg.Gates[g.field]
 		}
 	}
+	for k, v := range extraGates() {
+		set[k] = v
+	}
 	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(set); err != nil {
 		return fmt.Sprintf("feature gates: %v", err)
 	}
@@ -98,6 +103,7 @@ func baseConfig(d *driver) cacher.Config {
 
 func newKube(d *driver) (*kube, error) {
 	etcdfeature.DefaultFeatureSupportChecker = progressSupport{etcdfeature.DefaultFeatureSupportChecker, d.cfg.StorageSupportsProgress}
+	d.fs.stamp = stampEvent
 	c, err := cacher.NewCacherFromConfig(baseConfig(d))
 	if err != nil {
 		return nil, err
@@ -151,3 +157,29 @@ func (s kubeStorage) GetCurrentResourceVersion(ctx context.Context) (uint64, err
 	return s.currentRV(ctx), nil
 }
 func (s kubeStorage) CompactRevision() int64 { return s.compactRevision() }
+
+// Watch passes on v1.37's ListOptions.RecordTimestamps (the cacher's reflector sets it).
+func (s kubeStorage) Watch(ctx context.Context, key string, opts storage.ListOptions) (watch.Interface, error) {
+	return s.watchWith(ctx, key, opts, opts.RecordTimestamps)
+}
+
+// timedEvent is what etcd3's watcher sends when asked for record timestamps
+// (storage.WatchEventWithRecordTime): the object and when storage decoded it.
+type timedEvent struct {
+	runtime.Object
+	at time.Time
+}
+
+func (t *timedEvent) GetObjectMeta() metav1.Object {
+	m, _ := meta.Accessor(t.Object)
+	return m
+}
+func (t *timedEvent) DeepCopyObject() runtime.Object {
+	return &timedEvent{Object: t.Object.DeepCopyObject(), at: t.at}
+}
+func (t *timedEvent) RecordTime() time.Time    { return t.at }
+func (t *timedEvent) Unwrap() runtime.Object   { return t.Object }
+
+var _ storage.WatchEventWithRecordTime = &timedEvent{}
+
+func stampEvent(obj runtime.Object, at time.Time) runtime.Object { return &timedEvent{Object: obj, at: at} }
