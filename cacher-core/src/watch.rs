@@ -680,7 +680,11 @@ impl Cacher {
             let full = out.len() as u64 >= max;
             if let Some(mut init) = w.initial.take() {
                 if let Some(ev) = init.buffer.pop_front() {
-                    if full {
+                    // Keep a revision whole here too: a replay from the ring that reaches the
+                    // limit inside a revision (a transaction, a lease expiry) completes it.
+                    let continues = ev.storage_rv().is_some()
+                        && ev.storage_rv() == out.last().and_then(WatchEvent::storage_rv);
+                    if full && !continues {
                         init.buffer.push_front(ev);
                         w.initial = Some(init);
                         return None;

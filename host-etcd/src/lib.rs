@@ -62,44 +62,42 @@
 //!
 //! ## The server
 //!
-//! [`Server::start`] runs one [`Cache`]-like cache per prefix behind etcd's gRPC API and an HTTP
-//! API; `watchcache serve` is its command line (see the README).
+//! [`Server::start`] runs one cache per prefix behind etcd's gRPC API and an HTTP API;
+//! `watchcache serve` is its command line (see the README).
+//!
+//! ## Layers, bottom up
+//!
+//! Each layer uses only the ones above it in this table; nothing imports from `server`.
 //!
 //! | module | what it owns | counterpart |
 //! |---|---|---|
-//! | `server` | wiring: caches, reflectors, gRPC and HTTP listeners, shutdown | kube-apiserver's storage factory + `NewCacherFromConfig` |
-//! | `cache` | the task that owns one prefix's core; deliveries, credit, reads | the goroutines around a `Cacher` (`cacher.go`) |
-//! | `reflector` | list at one revision, watch with progress notify, re-watch, relist | client-go `reflector.go`, `storage/etcd3/watcher.go` |
-//! | `watch_service` | etcd `Watch` streams: cached or passed through, progress | etcd `v3rpc/watch.go`, `grpcproxy/watch.go` |
-//! | `kv_service` | etcd `Range` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go` |
-//! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
-//! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
-//! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
-//! | `metrics` | Prometheus text | `storage/cacher/metrics/metrics.go` |
-//! | `proto` | encode once per revision, frame per watcher | etcd `mvccpb`, `etcdserverpb` |
+//! | `clock`, `keys`, `config`, `metrics`, `convert` | the one clock; etcd's key conventions ↔ the core's ranges; the cache's configuration; the counters; core objects as etcd messages | — ; `rpc.proto`; `cacher.go` `Config`; `metrics.go`; `mvccpb` |
 //! | `upstream` | the connection to etcd | `clientv3` |
+//! | `cache` | the task that owns one prefix's core, and the typed batches it hands to sessions (`cache::delivery`) | the goroutines around a `Cacher` (`cacher.go`) |
+//! | `reflector` | list at one revision, watch with progress notify, re-watch, relist; a bounded channel into the cache | client-go `reflector.go`, `storage/etcd3/watcher.go` |
+//! | `session` | one etcd watch stream as a sans-IO state machine (cached or relayed watches, progress, ids), and its tokio driver (`session::driver`) | etcd `v3rpc/watch.go`, `grpcproxy/watch.go` |
+//! | `library` | the embeddable [`Cache`]; [`library::range_from_cache`], the one Range-from-cache decision | etcd's `cache` package |
+//! | `server` | gRPC services, forwarding, auth, HTTP, Prometheus text, the wire format | kube-apiserver's storage wiring, the gRPC proxy |
 //! | `etcd_launcher` | a real etcd child process (embedded default, tests, benchmarks) | etcd's `integration` framework |
-//! | `clock` | the only clock | — |
 
-pub mod auth;
 pub mod cache;
 pub mod clock;
+pub mod config;
+pub mod convert;
 pub mod etcd_launcher;
-mod forward;
-mod http_api;
-mod kv_service;
+pub mod keys;
 pub mod library;
 pub mod metrics;
-pub mod proto;
 pub mod reflector;
 pub mod server;
+pub mod session;
 pub mod upstream;
-mod watch_service;
 
-pub use cache::{CacheHandle, CacheOptions, CacheStatus};
+pub use cache::{CacheHandle, CacheStatus};
+pub use config::{CacheConfig, ReflectorOptions};
 pub use etcd_launcher::{EmbeddedEtcd, EtcdOptions};
-pub use library::{Cache, CacheConfig, Error, GetOptions, Keys, WatchOptions, WatchStream};
-pub use reflector::ReflectorOptions;
+pub use keys::Keys;
+pub use library::{Cache, Error, GetOptions, WatchOptions, WatchStream};
 pub use server::{ServeConfig, Server, ServerTls};
 pub use upstream::{EtcdTls, Upstream, UpstreamConfig};
 

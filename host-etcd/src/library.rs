@@ -1,6 +1,8 @@
 //! The cache as a library: an in-process etcd watch cache for Rust programs (controllers,
 //! service registries, config watchers), the way Go programs use etcd's `cache` package —
-//! without a separate server. The `watchcache` server builds its caches the same way.
+//! without a separate server. It sits on the cache task (`cache/`) and the watch session
+//! (`session/`); the `watchcache` server is one more user of the same pieces, and of
+//! [`range_from_cache`], the one place a Range is answered from memory.
 //!
 //! etcd counterpart: `go.etcd.io/etcd/cache` (`cache.go`: `New`, `Watch`, `Get`, `WaitReady`,
 //! `RequestProgress`, `Close`); Kubernetes counterpart: the cacher in front of the etcd3 store.
@@ -12,72 +14,21 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use cacher_core::{KeyRange, RangeOutcome, RangeRequest};
-use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use etcd_client::proto::{PbRangeResponse, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-use crate::auth::AuthChecker;
-use crate::cache::{new_cache, CacheHandle, CacheOptions, CacheStatus};
+use crate::cache::{new_cache, CacheHandle, CacheStatus};
 use crate::clock::Clock;
+use crate::config::CacheConfig;
+use crate::convert::{pb_event, range_response, FILTER_NODELETE, FILTER_NOPUT};
+use crate::keys::Keys;
 use crate::metrics::{CacheSample, HostMetrics};
-use crate::proto::{decode_watch_out, FILTER_NODELETE, FILTER_NOPUT};
-use crate::reflector::ReflectorOptions;
-use crate::server::{Ctx, Settings};
+use crate::session::driver::{self, OutItem, Outbox, SessionEnv};
+use crate::session::{Response, SessionConfig};
 use crate::upstream::Upstream;
-use crate::watch_service::{OutItem, Outbox, Session};
-
-/// Which keys a watch or get selects (etcd's key and range-end conventions, spelled out).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Keys {
-    /// One key.
-    Key(Vec<u8>),
-    /// Every key starting with the prefix (`""`: every key).
-    Prefix(Vec<u8>),
-    /// The keys in `[start, end)`.
-    Range(Vec<u8>, Vec<u8>),
-    /// Every key from this one on.
-    FromKey(Vec<u8>),
-}
-
-impl Keys {
-    /// One key.
-    pub fn key(k: impl Into<Vec<u8>>) -> Keys {
-        Keys::Key(k.into())
-    }
-
-    /// A prefix.
-    pub fn prefix(p: impl Into<Vec<u8>>) -> Keys {
-        Keys::Prefix(p.into())
-    }
-
-    /// A range `[start, end)`.
-    pub fn range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> Keys {
-        Keys::Range(start.into(), end.into())
-    }
-
-    /// Every key from `k` on.
-    pub fn from_key(k: impl Into<Vec<u8>>) -> Keys {
-        Keys::FromKey(k.into())
-    }
-
-    /// etcd's `key` and `range_end` for these keys.
-    pub fn etcd(&self) -> (Vec<u8>, Vec<u8>) {
-        match self {
-            Keys::Key(k) => (k.clone(), Vec::new()),
-            Keys::Prefix(p) if p.is_empty() => (vec![0], vec![0]),
-            Keys::Prefix(p) => (p.clone(), cacher_core::prefix_end(p).unwrap_or_else(|| vec![0])),
-            Keys::Range(s, e) => (s.clone(), e.clone()),
-            Keys::FromKey(k) => (k.clone(), vec![0]),
-        }
-    }
-
-    fn key_range(&self) -> Result<KeyRange, Error> {
-        let (k, e) = self.etcd();
-        KeyRange::etcd(&k, &e).map_err(|s| Error::InvalidRequest(s.message))
-    }
-}
 
 /// Options of [`Cache::watch`].
 #[derive(Clone, Debug, Default)]
@@ -234,33 +185,53 @@ impl std::error::Error for Error {
     }
 }
 
-/// How a [`Cache`] is set up.
+/// A Range the cache may answer: the keys, the revision (0 = latest), consistency, and what to
+/// leave out.
 #[derive(Clone, Debug)]
-pub struct CacheConfig {
-    /// The core's configuration and the per-watcher flow settings.
-    pub cache: CacheOptions,
-    /// The reflector's list and watch settings.
-    pub reflector: ReflectorOptions,
-    /// How often idle watches that asked for it get a progress notification (etcd: 10 min).
-    pub progress_notify_interval: Duration,
-    /// How often a watch served by etcd checks whether it can move back onto the cache.
-    pub rejoin_interval: Duration,
-    /// How long a new watch waits for a cache that is (re)initialising before going to etcd.
-    pub create_wait: Duration,
+pub struct RangeQuery {
+    /// The keys.
+    pub range: KeyRange,
+    /// The revision to read at (0 = the latest).
+    pub revision: u64,
+    /// Whatever the cache holds (no freshness check).
+    pub serializable: bool,
+    /// At most this many keys (0 = all).
+    pub limit: u64,
+    /// Keys without values.
+    pub keys_only: bool,
+    /// Only the count.
+    pub count_only: bool,
 }
 
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig {
-            cache: CacheOptions {
-                core: cacher_core::Config::for_profile(cacher_core::Profile::V1_34),
-                ..CacheOptions::default()
-            },
-            reflector: ReflectorOptions::default(),
-            progress_notify_interval: Duration::from_secs(600),
-            rejoin_interval: Duration::from_secs(1),
-            create_wait: Duration::from_secs(5),
-        }
+/// etcd's `Range` answered from the cache, when the cache can give exactly etcd's answer: the
+/// cache is ready, the revision is not compacted, and the core can serve it (a serializable
+/// read, a read at a revision still in its snapshots, or a consistent read once it has caught
+/// up with etcd's current revision). `None`: ask etcd. Used by [`Cache::get`] and by the
+/// server's `KV.Range`.
+pub async fn range_from_cache(
+    cache: &CacheHandle,
+    upstream: &Upstream,
+    q: &RangeQuery,
+) -> Option<PbRangeResponse> {
+    let status = cache.status();
+    // etcd refuses a revision below its compaction; the cache must not answer it either.
+    if !status.ready || (q.revision > 0 && q.revision < status.compacted) {
+        return None;
+    }
+    let req = RangeRequest {
+        range: q.range.clone(),
+        revision: q.revision,
+        linearizable: !q.serializable,
+        limit: q.limit,
+    };
+    match cache.range(req).await {
+        Ok(RangeOutcome::Cache(read)) => Some(range_response(
+            &read,
+            upstream.header(read.header_rv as i64),
+            q.keys_only,
+            q.count_only,
+        )),
+        Ok(RangeOutcome::Storage { .. }) | Err(_) => None,
     }
 }
 
@@ -273,27 +244,38 @@ pub(crate) struct Spawned {
 /// Starts a cache task and its reflector for `prefix`.
 pub(crate) fn spawn_cache(
     prefix: &[u8],
-    options: CacheOptions,
-    reflector: ReflectorOptions,
+    config: Arc<CacheConfig>,
     clock: Clock,
     upstream: &Upstream,
     metrics: &Arc<HostMetrics>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Spawned, String> {
-    let (handle, task, ctl) = new_cache(prefix, options, clock, upstream.clone(), metrics.clone())?;
+    let made = new_cache(prefix, config.clone(), clock, upstream.clone(), metrics.clone())?;
     let tasks = vec![
-        tokio::spawn(task.run()),
+        tokio::spawn(made.task.run()),
         tokio::spawn(crate::reflector::run(
             Arc::from(prefix),
             upstream.clone(),
-            handle.tx.clone(),
-            ctl,
+            made.storage_tx,
+            made.ctl_rx,
             metrics.clone(),
-            reflector,
+            config.reflector.clone(),
             shutdown,
         )),
     ];
-    Ok(Spawned { handle, tasks })
+    Ok(Spawned { handle: made.handle, tasks })
+}
+
+/// The watch sessions' settings for caches configured with `config`.
+pub(crate) fn session_config(config: &CacheConfig, check_permissions: bool) -> SessionConfig {
+    SessionConfig {
+        progress_notify_interval_ms: config.progress_notify_interval.as_millis() as u64,
+        rejoin_interval_ms: (config.rejoin_interval.as_millis() as u64).max(10),
+        create_wait_ms: config.create_wait.as_millis() as u64,
+        credit_batch: (config.grpc_credit / 4).max(1),
+        check_permissions,
+        ..SessionConfig::default()
+    }
 }
 
 /// An in-process etcd watch cache of one key prefix.
@@ -302,7 +284,7 @@ pub(crate) fn spawn_cache(
 /// memory with etcd's semantics; what it cannot serve it asks etcd for, transparently. Dropping
 /// it (or [`Cache::close`]) stops it; open watch streams then end.
 pub struct Cache {
-    ctx: Arc<Ctx>,
+    env: Arc<SessionEnv>,
     prefix: Vec<u8>,
     streams: std::sync::Mutex<Vec<mpsc::WeakSender<Result<PbWatchRequest, Status>>>>,
     shutdown: watch::Sender<bool>,
@@ -350,40 +332,25 @@ impl Cache {
         prefix: Vec<u8>,
         config: CacheConfig,
     ) -> Result<Cache, Error> {
-        config
-            .cache
-            .core
-            .validate()
-            .map_err(|e| Error::InvalidRequest(format!("{}: {}", e.field, e.message)))?;
+        config.validate().map_err(Error::InvalidRequest)?;
         let metrics = Arc::new(HostMetrics::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let spawned = spawn_cache(
-            &prefix,
-            config.cache.clone(),
-            config.reflector.clone(),
-            Clock::new(),
-            &upstream,
-            &metrics,
-            shutdown_rx.clone(),
-        )
-        .map_err(Error::InvalidRequest)?;
-        let auth = AuthChecker::new(upstream.clone(), Duration::from_secs(5), metrics.clone());
-        let settings = Settings {
-            progress_notify_interval: config.progress_notify_interval,
-            rejoin_interval: config.rejoin_interval,
-            create_wait: config.create_wait,
-            max_request_bytes: usize::MAX,
-        };
-        let ctx = Arc::new(Ctx::new(
-            vec![spawned.handle],
+        let clock = Clock::new();
+        let sessions = session_config(&config, false);
+        let spawned =
+            spawn_cache(&prefix, Arc::new(config), clock, &upstream, &metrics, shutdown_rx.clone())
+                .map_err(Error::InvalidRequest)?;
+        let env = Arc::new(SessionEnv {
+            caches: vec![spawned.handle],
             upstream,
             metrics,
-            auth,
-            shutdown_rx,
-            settings,
-        ));
+            permissions: None,
+            clock,
+            config: sessions,
+            shutdown: shutdown_rx,
+        });
         Ok(Cache {
-            ctx,
+            env,
             prefix,
             streams: std::sync::Mutex::new(Vec::new()),
             shutdown,
@@ -392,7 +359,7 @@ impl Cache {
     }
 
     fn handle(&self) -> &CacheHandle {
-        &self.ctx.caches[0]
+        &self.env.caches[0]
     }
 
     /// The cached prefix.
@@ -432,16 +399,16 @@ impl Cache {
     /// Watches open on etcd right now: the cache's own, plus any watch that etcd serves
     /// because it started before the cache's window.
     pub fn upstream_watches(&self) -> i64 {
-        self.ctx.metrics.upstream_watches()
+        self.env.metrics.upstream_watches()
     }
 
     /// Requests sent to etcd so far, by kind (`list`, `watch`, `quorum_read`, `range`, ...).
     pub fn upstream_requests(&self, kind: &str) -> u64 {
-        self.ctx.metrics.upstream_requests(kind)
+        self.env.metrics.upstream_requests(kind)
     }
 
     fn check_prefix(&self, keys: &Keys) -> Result<KeyRange, Error> {
-        let range = keys.key_range()?;
+        let range = keys.key_range().map_err(Error::InvalidRequest)?;
         if !self.handle().covers(&range) {
             return Err(Error::OutsidePrefix {
                 keys: format!("{keys:?}"),
@@ -475,60 +442,51 @@ impl Cache {
             }
         }
         let (req_tx, req_rx) = mpsc::channel::<Result<PbWatchRequest, Status>>(8);
-        let (out_tx, mut out_rx) = Outbox::new();
-        let session = Session::new(self.ctx.clone(), MetadataMap::new(), out_tx);
-        tokio::spawn(session.run(tokio_stream::wrappers::ReceiverStream::new(req_rx)));
+        let (out_tx, out_rx) = Outbox::new();
+        tokio::spawn(driver::run(
+            self.env.clone(),
+            MetadataMap::new(),
+            tokio_stream::wrappers::ReceiverStream::new(req_rx),
+            out_tx,
+        ));
         req_tx
             .send(Ok(create))
             .await
             .map_err(|_| Error::Unavailable("the cache is closed".into()))?;
-        let created = match out_rx.recv().await.map(|(item, _permit)| item) {
-            Some(Ok(out)) => {
-                decode_watch_out(out).map_err(|e| Error::Unavailable(e.to_string()))?
-            }
-            Some(Err(s)) => return Err(Error::Unavailable(s.message().to_owned())),
+        let mut stream = WatchStream { req_tx, out: out_rx, watch_id: 0, done: false };
+        let created = match futures::StreamExt::next(&mut stream).await {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => return Err(e),
             None => return Err(Error::Unavailable("the cache is closed".into())),
         };
-        if created.canceled {
-            return Err(cancel_error(&created));
-        }
+        stream.watch_id = created.watch_id();
         if let Ok(mut v) = self.streams.lock() {
             v.retain(|w| w.strong_count() > 0);
-            v.push(req_tx.downgrade());
+            v.push(stream.req_tx.downgrade());
         }
-        Ok(WatchStream { req_tx, out: out_rx, watch_id: created.watch_id, done: false })
+        Ok(stream)
     }
 
     /// Reads `keys` as etcd's `Range` would: from the cache when it can answer exactly (a
     /// serializable read, a read at a revision it still holds, or a consistent read once it
-    /// has caught up with etcd's current revision, which costs one count-only quorum read);
-    /// otherwise from etcd.
+    /// has caught up with etcd's current revision); otherwise from etcd.
     pub async fn get(
         &self,
         keys: Keys,
         options: GetOptions,
     ) -> Result<etcd_client::GetResponse, Error> {
         let range = self.check_prefix(&keys)?;
-        if options.revision < 0 || options.limit < 0 {
-            return self.get_from_etcd(&keys, &options).await;
-        }
-        let revision = options.revision as u64;
-        let handle = self.handle();
-        if handle.status().ready && (revision == 0 || revision > self.ctx.compacted()) {
-            let req = RangeRequest {
+        if options.revision >= 0 && options.limit >= 0 {
+            let q = RangeQuery {
                 range,
-                revision,
-                linearizable: !options.serializable,
+                revision: options.revision as u64,
+                serializable: options.serializable,
                 limit: options.limit as u64,
+                keys_only: options.keys_only,
+                count_only: options.count_only,
             };
-            if let Ok(RangeOutcome::Cache(read)) = handle.range(req).await {
-                self.ctx.metrics.count_range(true);
-                let resp = crate::proto::range_response(
-                    &read,
-                    self.ctx.upstream.header(read.header_rv as i64),
-                    options.keys_only,
-                    options.count_only,
-                );
+            if let Some(resp) = range_from_cache(self.handle(), &self.env.upstream, &q).await {
+                self.env.metrics.count_range(true);
                 return Ok(etcd_client::GetResponse(resp));
             }
         }
@@ -540,8 +498,8 @@ impl Cache {
         keys: &Keys,
         o: &GetOptions,
     ) -> Result<etcd_client::GetResponse, Error> {
-        self.ctx.metrics.count_range(false);
-        self.ctx.metrics.count_upstream_request("range");
+        self.env.metrics.count_range(false);
+        self.env.metrics.count_upstream_request("range");
         let (key, end) = keys.etcd();
         let mut g = etcd_client::GetOptions::new().with_revision(o.revision).with_limit(o.limit);
         if !end.is_empty() {
@@ -556,7 +514,7 @@ impl Cache {
         if o.count_only {
             g = g.with_count_only();
         }
-        self.ctx.upstream.client.kv_client().get(key, Some(g)).await.map_err(Error::Etcd)
+        self.env.upstream.client.kv_client().get(key, Some(g)).await.map_err(Error::Etcd)
     }
 
     /// Asks every open watch stream for a progress notification (see
@@ -645,6 +603,25 @@ impl WatchStream {
     }
 }
 
+/// A session's response as etcd's message (cached events converted, never encoded and
+/// decoded).
+fn watch_response(r: Response) -> PbWatchResponse {
+    match r {
+        Response::Message(m) => m,
+        Response::Events(e) => PbWatchResponse {
+            header: Some(e.header),
+            watch_id: e.watch_id,
+            events: e
+                .picks
+                .iter()
+                .filter_map(|i| e.run.event(i))
+                .map(|ev| pb_event(ev, e.prev_kv))
+                .collect(),
+            ..Default::default()
+        },
+    }
+}
+
 impl futures::Stream for WatchStream {
     type Item = Result<etcd_client::WatchResponse, Error>;
 
@@ -662,17 +639,15 @@ impl futures::Stream for WatchStream {
                 self.done = true;
                 Poll::Ready(Some(Err(Error::Unavailable(s.message().to_owned()))))
             }
-            Poll::Ready(Some(Ok(out))) => match decode_watch_out(out) {
-                Ok(r) if r.canceled => {
+            Poll::Ready(Some(Ok(r))) => {
+                let r = watch_response(r);
+                if r.canceled {
                     self.done = true;
                     Poll::Ready(Some(Err(cancel_error(&r))))
+                } else {
+                    Poll::Ready(Some(Ok(etcd_client::WatchResponse(r))))
                 }
-                Ok(r) => Poll::Ready(Some(Ok(etcd_client::WatchResponse(r)))),
-                Err(e) => {
-                    self.done = true;
-                    Poll::Ready(Some(Err(Error::Unavailable(format!("decoding: {e}")))))
-                }
-            },
+            }
         }
     }
 }

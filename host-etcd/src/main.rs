@@ -147,7 +147,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     cfg.listen_grpc = a.listen_grpc;
     cfg.listen_http = Some(a.listen_http);
     cfg.prefixes = a.prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
-    cfg.progress_notify_interval = a.progress_notify_interval;
+    cfg.cache.progress_notify_interval = a.progress_notify_interval;
     cfg.auth_cache_ttl = a.auth_cache_ttl;
     cfg.web_dir = Some(a.web_dir.clone());
     cfg.upstream.endpoints = a.etcd_endpoints.clone();

@@ -2,7 +2,8 @@
 //! with progress notify; progress requests when the core asks; a re-watch from the last
 //! revision when the watch breaks (etcd restarting), and a relist when etcd has compacted past
 //! it or the core asks. Objects' labels and fields are read once here, from JSON values'
-//! `metadata`.
+//! `metadata`. Its channel to the cache is bounded: while the cache is behind, the reflector
+//! stops reading etcd's watch stream, and HTTP/2 flow control slows etcd's sending.
 //!
 //! Kubernetes counterparts: `client-go/tools/cache/reflector.go` (`ListAndWatch`, the
 //! resume-from-last-RV rule, backoff) as the cacher drives it in `cacher.go` (`startCaching`),
@@ -16,42 +17,11 @@ use etcd_client::{EventType, GetOptions, WatchOptions};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use crate::cache::{Cmd, ReflectorCtl, StorageMsg};
+use crate::cache::{ReflectorCtl, StorageMsg};
+use crate::config::ReflectorOptions;
+use crate::keys::prefix_range;
 use crate::metrics::HostMetrics;
 use crate::upstream::Upstream;
-
-/// The etcd key range of a cached prefix: `[prefix, prefix_end)`; everything for `""`.
-pub fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    if prefix.is_empty() {
-        return (vec![0], vec![0]);
-    }
-    let end = cacher_core::prefix_end(prefix).unwrap_or_else(|| vec![0]);
-    (prefix.to_vec(), end)
-}
-
-/// Reflector settings.
-#[derive(Clone, Debug)]
-pub struct ReflectorOptions {
-    /// Objects per list page (Kubernetes' `storageWatchListPageSize`, 10 000).
-    pub page_size: i64,
-    /// First retry delay after a failure.
-    pub backoff_min: Duration,
-    /// Longest retry delay.
-    pub backoff_max: Duration,
-    /// Largest etcd response accepted (list pages and watch batches).
-    pub max_message_bytes: usize,
-}
-
-impl Default for ReflectorOptions {
-    fn default() -> Self {
-        ReflectorOptions {
-            page_size: 10_000,
-            backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(2),
-            max_message_bytes: 256 << 20,
-        }
-    }
-}
 
 /// Labels and the fields the core indexes and selects on, from a JSON object's `metadata`
 /// (and `spec.nodeName`); nothing for other values.
@@ -141,7 +111,7 @@ enum WatchEnd {
 pub(crate) async fn run(
     prefix: Arc<[u8]>,
     upstream: Upstream,
-    cache: mpsc::UnboundedSender<Cmd>,
+    cache: mpsc::Sender<StorageMsg>,
     mut ctl: mpsc::UnboundedReceiver<ReflectorCtl>,
     metrics: Arc<HostMetrics>,
     opts: ReflectorOptions,
@@ -158,7 +128,7 @@ pub(crate) async fn run(
         let rev = match list(&prefix, &upstream, &metrics, &opts).await {
             Ok((rev, objects)) => {
                 debug!(prefix = %name, revision = rev, objects = objects.len(), "listed");
-                if cache.send(Cmd::Storage(StorageMsg::Replace { rv: rev, objects })).is_err() {
+                if cache.send(StorageMsg::Replace { rv: rev, objects }).await.is_err() {
                     return;
                 }
                 backoff = opts.backoff_min;
@@ -190,12 +160,10 @@ pub(crate) async fn run(
                 WatchEnd::Shutdown => return,
                 WatchEnd::Compacted(c) => {
                     info!(prefix = %name, compact_revision = c, "etcd compacted past the cache's revision; relisting");
-                    let _ = cache.send(Cmd::Storage(StorageMsg::Compacted { rv: c.max(0) as u64 }));
-                    let _ = cache.send(Cmd::Storage(StorageMsg::Error {
-                        reason: format!(
-                            "etcd compacted the watch's revision (compact revision {c})"
-                        ),
-                    }));
+                    let _ = cache.send(StorageMsg::Compacted { rv: c.max(0) as u64 }).await;
+                    let reason =
+                        format!("etcd compacted the watch's revision (compact revision {c})");
+                    let _ = cache.send(StorageMsg::Error { reason }).await;
                     continue 'relist;
                 }
                 WatchEnd::RelistAsked(reason) => {
@@ -263,7 +231,7 @@ async fn list(
 async fn watch_from(
     prefix: &[u8],
     upstream: &Upstream,
-    cache: &mpsc::UnboundedSender<Cmd>,
+    cache: &mpsc::Sender<StorageMsg>,
     ctl: &mut mpsc::UnboundedReceiver<ReflectorCtl>,
     metrics: &HostMetrics,
     opts: &ReflectorOptions,
@@ -326,7 +294,7 @@ async fn watch_from(
                         let rev = h.revision().max(0) as u64;
                         if rev + 1 >= *next {
                             *next = rev + 1;
-                            if cache.send(Cmd::Storage(StorageMsg::Progress { rv: rev })).is_err() {
+                            if cache.send(StorageMsg::Progress { rv: rev }).await.is_err() {
                                 return WatchEnd::Shutdown;
                             }
                         }
@@ -339,7 +307,7 @@ async fn watch_from(
                         continue;
                     }
                     *next = rev + 1;
-                    if cache.send(Cmd::Storage(StorageMsg::Revision { rv: rev, changes })).is_err() {
+                    if cache.send(StorageMsg::Revision { rv: rev, changes }).await.is_err() {
                         return WatchEnd::Shutdown;
                     }
                 }
@@ -371,11 +339,5 @@ mod tests {
         assert!(attrs_of(b"plain value").is_none());
         assert!(attrs_of(b"{not json").is_none());
         assert!(attrs_of(b"{}").is_none());
-    }
-
-    #[test]
-    fn prefix_ranges() {
-        assert_eq!(prefix_range(b"/reg/"), (b"/reg/".to_vec(), b"/reg0".to_vec()));
-        assert_eq!(prefix_range(b""), (vec![0], vec![0]));
     }
 }

@@ -205,7 +205,7 @@ impl Upstream {
     /// as Kubernetes' `GetCurrentResourceVersionFromStorage`).
     pub async fn current_revision(&self, prefix: &[u8]) -> Result<u64, String> {
         let mut kv = self.client.kv_client();
-        let (key, end) = crate::reflector::prefix_range(prefix);
+        let (key, end) = crate::keys::prefix_range(prefix);
         let opts = etcd_client::GetOptions::new().with_range(end).with_count_only().with_limit(1);
         let resp = kv.get(key, Some(opts)).await.map_err(|e| e.to_string())?;
         let h = resp.header().ok_or("no header in etcd's answer")?;

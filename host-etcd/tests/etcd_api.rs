@@ -207,7 +207,7 @@ async fn watches_inside_the_window_create_no_etcd_watch() {
         cfg.cache.core.lower_bound_capacity = 50;
         cfg.cache.core.upper_bound_capacity = 50;
         cfg.cache.core.dynamic_capacity = false;
-        cfg.rejoin_interval = Duration::from_millis(100);
+        cfg.cache.rejoin_interval = Duration::from_millis(100);
     })
     .await;
     let mut direct = env.direct().await;
@@ -359,7 +359,7 @@ async fn progress_requests_are_answered_locally() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_watches_get_periodic_progress_notifications() {
     let env = Env::start_with(EtcdOptions::default(), |cfg| {
-        cfg.progress_notify_interval = Duration::from_millis(300)
+        cfg.cache.progress_notify_interval = Duration::from_millis(300)
     })
     .await;
     let mut direct = env.direct().await;

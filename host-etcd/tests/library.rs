@@ -297,9 +297,7 @@ async fn progress_on_request_and_periodic_notify() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_watcher_catches_up_from_history() {
-    let mut config = CacheConfig::default();
-    config.cache.grpc_credit = 8;
-    config.cache.grpc_queue = 8;
+    let config = CacheConfig { grpc_credit: 8, grpc_queue: 8, ..CacheConfig::default() };
     let (_etcd, mut client, cache, _txn, last) = setup("/foo/", config).await;
     let mut slow = cache
         .watch(Keys::prefix("/foo/"), WatchOptions::new().with_start_revision(last + 1))
@@ -341,10 +339,10 @@ async fn a_lagging_watcher_catches_up_from_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_and_compacted_start_revisions() {
     let mut config = CacheConfig::default();
-    config.cache.core.capacity = 8;
-    config.cache.core.lower_bound_capacity = 8;
-    config.cache.core.upper_bound_capacity = 8;
-    config.cache.core.dynamic_capacity = false;
+    config.core.capacity = 8;
+    config.core.lower_bound_capacity = 8;
+    config.core.upper_bound_capacity = 8;
+    config.core.dynamic_capacity = false;
     let (_etcd, mut client, cache, _txn, last) = setup("", config).await;
     for i in 0..20 {
         client.put(format!("/foo/n{i}"), "x", None).await.expect("put");

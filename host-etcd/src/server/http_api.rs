@@ -30,8 +30,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tonic::metadata::{MetadataMap, MetadataValue};
 
-use crate::cache::KubeItem;
-use crate::server::Ctx;
+use super::Ctx;
+use crate::cache::CoreItem;
+use crate::keys::etcd_range;
+use crate::session::driver::UpstreamWatchGauge;
 
 /// The HTTP router.
 pub(crate) fn router(ctx: Arc<Ctx>, web_dir: Option<std::path::PathBuf>) -> Router {
@@ -56,7 +58,7 @@ async fn healthz() -> &'static str {
 async fn readyz(State(ctx): State<Arc<Ctx>>) -> Response {
     let mut lines = Vec::new();
     let mut ok = true;
-    for c in &ctx.caches {
+    for c in ctx.caches() {
         let s = c.status();
         ok &= s.ready;
         lines.push(format!(
@@ -77,28 +79,28 @@ async fn readyz(State(ctx): State<Arc<Ctx>>) -> Response {
 
 async fn metrics(State(ctx): State<Arc<Ctx>>) -> Response {
     let mut samples = Vec::new();
-    for c in &ctx.caches {
+    for c in ctx.caches() {
         if let Some(s) = c.sample().await {
             samples.push(s);
         }
     }
-    let text = crate::metrics::render(samples, &ctx.metrics);
+    let text = super::prometheus::render(samples, ctx.metrics());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
         .into_response()
 }
 
 async fn debug_state(State(ctx): State<Arc<Ctx>>) -> Response {
     let mut caches = Vec::new();
-    for c in &ctx.caches {
+    for c in ctx.caches() {
         caches.push(c.debug_state().await);
     }
-    let (wc, we) = ctx.metrics.watches();
-    let (rc, re) = ctx.metrics.ranges();
+    let (wc, we) = ctx.metrics().watches();
+    let (rc, re) = ctx.metrics().ranges();
     let body = json!({
         "caches": caches,
         "host": {
-            "grpc_watchers": ctx.metrics.grpc_watchers(),
-            "upstream_watches": ctx.metrics.upstream_watches(),
+            "grpc_watchers": ctx.metrics().grpc_watchers(),
+            "upstream_watches": ctx.metrics().upstream_watches(),
             "watches": {"cache": wc, "etcd": we},
             "ranges": {"cache": rc, "etcd": re},
             "compacted_revision": ctx.compacted(),
@@ -207,9 +209,9 @@ async fn credentials(ctx: &Ctx, headers: &HeaderMap) -> Result<MetadataMap, Resp
         let (name, password) =
             text.split_once(':').ok_or_else(|| unauthorized("bad Basic credentials"))?;
         let req = PbAuthenticateRequest { name: name.to_owned(), password: password.to_owned() };
-        ctx.metrics.count_upstream_request("authenticate");
+        ctx.metrics().count_upstream_request("authenticate");
         let r = ctx
-            .upstream
+            .upstream()
             .unary::<PbAuthenticateRequest, PbAuthenticateResponse>(
                 "/etcdserverpb.Auth/Authenticate",
                 &MetadataMap::new(),
@@ -259,14 +261,7 @@ async fn kube(
         Ok(md) => md,
         Err(r) => return r,
     };
-    let (k, end) = match &range {
-        KeyRange::Prefix(p) => (
-            p.as_bytes().to_vec(),
-            cacher_core::prefix_end(p.as_bytes()).unwrap_or_else(|| vec![0]),
-        ),
-        KeyRange::Exact(k) => (k.as_bytes().to_vec(), Vec::new()),
-        KeyRange::Range { start, .. } => (start.as_bytes().to_vec(), vec![0]),
-    };
+    let (k, end) = etcd_range(&range);
     if let Err(s) = ctx.auth.check(&md, &k, &end).await {
         let mut r = error_response(&Status::new(Reason::BadRequest, s.message().to_owned()));
         *r.status_mut() = StatusCode::FORBIDDEN;
@@ -317,7 +312,7 @@ async fn kube(
             Err(s) => return error_response(&s),
         };
     if let KeyRange::Exact(k) = &range {
-        let outcome = ctx.caches[ci].get(GetRequest { key: k.clone(), rv }).await;
+        let outcome = ctx.caches()[ci].get(GetRequest { key: k.clone(), rv }).await;
         return match outcome {
             Ok(ReadOutcome::Cache(read)) => match read.items.first() {
                 Some(o) => axum::Json(object_json(o, o.rv())).into_response(),
@@ -332,7 +327,7 @@ async fn kube(
     req.limit = limit;
     req.continue_token = q.get("continue").cloned().filter(|c| !c.is_empty());
     req.selector = selector.clone();
-    match ctx.caches[ci].list(req.clone()).await {
+    match ctx.caches()[ci].list(req.clone()).await {
         Ok(ReadOutcome::Cache(read)) => {
             list_response(read.rv, read.items, read.continue_token, read.remaining)
         }
@@ -376,9 +371,9 @@ async fn storage_get(ctx: &Ctx, md: &MetadataMap, key: &[u8], rv: RvParam) -> Re
     // The etcd3 store reads the latest state for a get (and checks it is not older than rv).
     let _ = rv;
     let req = PbRangeRequest { key: key.to_vec(), ..Default::default() };
-    ctx.metrics.count_upstream_request("range");
+    ctx.metrics().count_upstream_request("range");
     match ctx
-        .upstream
+        .upstream()
         .unary::<PbRangeRequest, PbRangeResponse>("/etcdserverpb.KV/Range", md, req)
         .await
     {
@@ -412,7 +407,7 @@ async fn storage_list(ctx: &Ctx, md: &MetadataMap, req: &ListRequest) -> Respons
     use etcd_client::proto::{PbRangeRequest, PbRangeResponse};
     let KeyRange::Prefix(prefix) = &req.range else { return bad("not a list") };
     let prefix = prefix.as_bytes();
-    let end = cacher_core::prefix_end(prefix).unwrap_or_else(|| vec![0]);
+    let (_, end) = crate::keys::prefix_range(prefix);
     let (mut start, mut revision) = (prefix.to_vec(), 0i64);
     if let Some(c) = &req.continue_token {
         match continue_token::decode(c, prefix) {
@@ -437,12 +432,12 @@ async fn storage_list(ctx: &Ctx, md: &MetadataMap, req: &ListRequest) -> Respons
             limit,
             ..Default::default()
         };
-        ctx.metrics.count_upstream_request("range");
-        let resp: PbRangeResponse = match ctx.upstream.unary("/etcdserverpb.KV/Range", md, r).await
-        {
-            Ok(r) => r.into_inner(),
-            Err(s) => return error_response(&etcd_status(&s)),
-        };
+        ctx.metrics().count_upstream_request("range");
+        let resp: PbRangeResponse =
+            match ctx.upstream().unary("/etcdserverpb.KV/Range", md, r).await {
+                Ok(r) => r.into_inner(),
+                Err(s) => return error_response(&etcd_status(&s)),
+            };
         if list_rev == 0 {
             list_rev = resp.header.as_ref().map_or(0, |h| h.revision);
             revision = list_rev;
@@ -475,18 +470,18 @@ async fn storage_list(ctx: &Ctx, md: &MetadataMap, req: &ListRequest) -> Respons
 }
 
 async fn kube_watch(ctx: Arc<Ctx>, ci: usize, md: MetadataMap, req: WatchRequest) -> Response {
-    let cache = ctx.caches[ci].clone();
-    let (id, mut items) = match cache.kube_watch(req.clone()).await {
+    let cache = ctx.caches()[ci].clone();
+    let (id, mut items) = match cache.core_watch(req.clone()).await {
         Ok(x) => x,
         Err(s) => return error_response(&s),
     };
     // The first item says how the watch starts.
     let first = items.recv().await;
     match first {
-        Some(KubeItem::Started) => {}
-        Some(KubeItem::Rejected(s)) => return error_response(&s),
-        Some(KubeItem::Delegated(_)) => return storage_watch(ctx, md, req).await,
-        Some(KubeItem::Error(s)) => {
+        Some(CoreItem::Started) => {}
+        Some(CoreItem::Rejected(s)) => return error_response(&s),
+        Some(CoreItem::Delegated(_)) => return storage_watch(ctx, md, req).await,
+        Some(CoreItem::Error(s)) => {
             // An ERROR item as the first thing on a 200 stream, as the cacher does.
             let body =
                 futures::stream::once(
@@ -513,7 +508,7 @@ async fn kube_watch(ctx: Arc<Ctx>, ci: usize, md: MetadataMap, req: WatchRequest
             };
             let Some(item) = item else { return };
             match item {
-                KubeItem::Events(events) => {
+                CoreItem::Events(events) => {
                     let n = events.len() as u64;
                     for e in &events {
                         if let Some(line) = event_line(e) {
@@ -524,13 +519,13 @@ async fn kube_watch(ctx: Arc<Ctx>, ci: usize, md: MetadataMap, req: WatchRequest
                     }
                     cache.credit(id, n);
                 }
-                KubeItem::Error(s) => {
+                CoreItem::Error(s) => {
                     if tx.send(error_line(&s)).await.is_err() {
                         return;
                     }
                 }
-                KubeItem::Closed(_) | KubeItem::Rejected(_) | KubeItem::Delegated(_) => return,
-                KubeItem::Started => {}
+                CoreItem::Closed(_) | CoreItem::Rejected(_) | CoreItem::Delegated(_) => return,
+                CoreItem::Started => {}
             }
         }
     });
@@ -551,21 +546,12 @@ impl Drop for CancelOnDrop {
 /// transitions as the etcd3 watcher computes them.
 async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Response {
     use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
-    let (key, end) = match &req.range {
-        KeyRange::Prefix(p) => (
-            p.as_bytes().to_vec(),
-            cacher_core::prefix_end(p.as_bytes()).unwrap_or_else(|| vec![0]),
-        ),
-        KeyRange::Exact(k) => (k.as_bytes().to_vec(), Vec::new()),
-        KeyRange::Range { start, end } => {
-            (start.as_bytes().to_vec(), end.as_ref().map_or(vec![0], |e| e.as_bytes().to_vec()))
-        }
-    };
+    let (key, end) = etcd_range(&req.range);
     let start = match req.rv {
         RvParam::At(n) => n as i64 + 1,
         _ => 0,
     };
-    ctx.metrics.count_upstream_request("watch");
+    ctx.metrics().count_upstream_request("watch");
     let mut create = PbWatchRequest {
         request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
     };
@@ -577,7 +563,7 @@ async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Res
         c.progress_notify = req.allow_bookmarks;
     }
     let opened = ctx
-        .upstream
+        .upstream()
         .streaming::<PbWatchRequest, PbWatchResponse>("/etcdserverpb.Watch/Watch", &md, 4, create)
         .await;
     let (up_tx, mut stream) = match opened {
@@ -587,10 +573,10 @@ async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Res
     let selector = req.selector.clone();
     let timeout = req.timeout_ms.map(Duration::from_millis);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    ctx.metrics.upstream_watch(1);
-    let metrics = ctx.metrics.clone();
+    let metrics = ctx.env.metrics.clone();
     tokio::spawn(async move {
         let _keep = up_tx;
+        let _gauge = UpstreamWatchGauge::open(&metrics);
         let deadline = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,
@@ -649,7 +635,7 @@ async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Res
                 let prev = ev.prev_kv.as_ref().map(obj);
                 let prev_ok = prev.as_ref().is_some_and(|p| selector.matches(p));
                 let rev = kv.mod_revision.max(0) as u64;
-                let line = if ev.r#type == crate::proto::EVENT_DELETE {
+                let line = if ev.r#type == crate::convert::EVENT_DELETE {
                     prev.filter(|_| prev_ok).map(|p| ("DELETED", object_json(&p, rev)))
                 } else {
                     let cur = obj(kv);
@@ -666,13 +652,11 @@ async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Res
                         serde_json::to_vec(&json!({"type": t, "object": o})).unwrap_or_default();
                     b.push(b'\n');
                     if tx.send(Bytes::from(b)).await.is_err() {
-                        metrics.upstream_watch(-1);
                         return;
                     }
                 }
             }
         }
-        metrics.upstream_watch(-1);
     });
     let body =
         tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);

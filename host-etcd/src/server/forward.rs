@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tower::{Service, ServiceExt};
 use tracing::debug;
 
-use crate::server::Ctx;
+use super::Ctx;
 
 /// The fallback route: forwards any call to etcd.
 pub(crate) async fn forward(
@@ -19,7 +19,7 @@ pub(crate) async fn forward(
     req: http::Request<axum::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let path = req.uri().path().to_owned();
-    ctx.metrics.count_upstream_request(&format!("forward:{path}"));
+    ctx.metrics().count_upstream_request(&format!("forward:{path}"));
     let (parts, body) = req.into_parts();
     let mut builder =
         http::Request::builder().method(parts.method.clone()).version(http::Version::HTTP_2);
@@ -39,7 +39,7 @@ pub(crate) async fn forward(
     let Ok(upstream_req) = builder.body(tonic::body::Body::new(body)) else {
         return tonic::Status::invalid_argument("bad request").into_http();
     };
-    let Some(mut channel) = ctx.upstream.channel() else {
+    let Some(mut channel) = ctx.upstream().channel() else {
         return tonic::Status::unimplemented("no raw channel to etcd").into_http();
     };
     let resp = match channel.ready().await {

@@ -16,6 +16,8 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use crate::metrics::HostMetrics;
+use crate::session::driver::{go_status_string, is_refusal, Permissions};
+use crate::session::Permission;
 use crate::upstream::Upstream;
 
 /// `etcdserverpb.AuthStatusRequest` (not exported by etcd-client).
@@ -150,7 +152,7 @@ impl AuthChecker {
             .map(|_| ());
         let decided = match &r {
             Ok(()) => true,
-            Err(s) => crate::watch_service::is_permission_error(s),
+            Err(s) => crate::session::driver::is_refusal(s),
         };
         if decided {
             if let Ok(mut d) = self.decisions.lock() {
@@ -161,5 +163,31 @@ impl AuthChecker {
             }
         }
         r
+    }
+}
+
+/// The watch sessions ask the checker before serving a cached watch.
+pub(crate) struct AuthPermissions(pub std::sync::Arc<AuthChecker>);
+
+impl Permissions for AuthPermissions {
+    fn check(
+        &self,
+        md: MetadataMap,
+        key: Vec<u8>,
+        range_end: Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Permission> + Send>> {
+        let auth = self.0.clone();
+        Box::pin(async move {
+            match auth.check(&md, &key, &range_end).await {
+                Ok(()) => Permission::Allowed,
+                Err(s) if is_refusal(&s) => Permission::Denied(go_status_string(&s)),
+                // etcd unreachable: let etcd's own watch say what happens.
+                Err(_) => Permission::Unknown,
+            }
+        })
+    }
+
+    fn check_now(&self) -> Option<Permission> {
+        (!self.0.enabled()).then_some(Permission::Allowed)
     }
 }

@@ -1,29 +1,47 @@
 //! The `watchcache` server: one cache task and one reflector per prefix, the etcd gRPC API
 //! (Watch and Range from the caches, everything else forwarded), and the HTTP API; started
-//! together, stopped together.
+//! together, stopped together. Nothing below (`cache`, `session`, `library`) imports from here.
+//!
+//! | module | what it owns | counterpart |
+//! |---|---|---|
+//! | `watch` | etcd `Watch` streams: the wire side of a watch session | etcd `v3rpc/watch.go` |
+//! | `kv` | etcd `Range` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go` |
+//! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
+//! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
+//! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
+//! | `prometheus` | the metrics as Prometheus text | `storage/cacher/metrics/metrics.go` |
+//! | `wire` | etcd's protobuf on the wire: events encoded once per revision, framed per watcher | etcd `mvccpb`, `etcdserverpb` |
 //!
 //! Kubernetes counterpart: how kube-apiserver wires one `Cacher` per resource in front of the
 //! etcd3 store (`storage/cacher/cacher.go` `NewCacherFromConfig`, the storage factory).
 
+pub mod auth;
+mod forward;
+mod http_api;
+mod kv;
+pub mod prometheus;
+mod watch;
+pub mod wire;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cacher_core::KeyRange;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
-use crate::auth::AuthChecker;
-use crate::cache::{CacheHandle, CacheOptions, Cmd, StorageMsg};
+use crate::cache::CacheHandle;
 use crate::clock::Clock;
+use crate::config::CacheConfig;
+use crate::library::{session_config, spawn_cache};
 use crate::metrics::HostMetrics;
-use crate::reflector::ReflectorOptions;
+use crate::session::driver::SessionEnv;
 use crate::upstream::{Upstream, UpstreamConfig};
+use auth::{AuthChecker, AuthPermissions};
 
 /// TLS for the server's own gRPC clients.
 #[derive(Clone, Debug)]
@@ -43,22 +61,15 @@ pub struct ServeConfig {
     pub upstream: UpstreamConfig,
     /// Cached prefixes (one cache each).
     pub prefixes: Vec<Vec<u8>>,
-    /// Per-cache settings (the core's config among them).
-    pub cache: CacheOptions,
-    /// Reflector settings.
-    pub reflector: ReflectorOptions,
+    /// Each cache's configuration (the core's, the flow to watchers, the reflector, the
+    /// watch sessions).
+    pub cache: CacheConfig,
     /// gRPC listen address (port 0 picks a free one).
     pub listen_grpc: SocketAddr,
     /// HTTP listen address, if HTTP is served.
     pub listen_http: Option<SocketAddr>,
     /// TLS for gRPC clients.
     pub tls: Option<ServerTls>,
-    /// How often watches that asked for progress notify get one when idle.
-    pub progress_notify_interval: Duration,
-    /// How often a pass-through watch checks whether it can move back onto the cache.
-    pub rejoin_interval: Duration,
-    /// How long a new watch waits for a cache that is (re)initialising before going to etcd.
-    pub create_wait: Duration,
     /// How long a permission decision is reused.
     pub auth_cache_ttl: Duration,
     /// Largest request accepted (etcd's `--max-request-bytes` + gRPC overhead).
@@ -69,21 +80,13 @@ pub struct ServeConfig {
 
 impl Default for ServeConfig {
     fn default() -> Self {
-        let cache = CacheOptions {
-            core: cacher_core::Config::for_profile(cacher_core::Profile::V1_34),
-            ..CacheOptions::default()
-        };
         ServeConfig {
             upstream: UpstreamConfig::default(),
             prefixes: vec![b"/".to_vec()],
-            cache,
-            reflector: ReflectorOptions::default(),
+            cache: CacheConfig::default(),
             listen_grpc: SocketAddr::from(([127, 0, 0, 1], 2479)),
             listen_http: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             tls: None,
-            progress_notify_interval: Duration::from_secs(600),
-            rejoin_interval: Duration::from_secs(1),
-            create_wait: Duration::from_secs(5),
             auth_cache_ttl: Duration::from_secs(5),
             max_request_bytes: (1536 << 10) + (2 << 20),
             web_dir: None,
@@ -91,55 +94,30 @@ impl Default for ServeConfig {
     }
 }
 
-/// Settings of the watch sessions.
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    pub progress_notify_interval: Duration,
-    pub rejoin_interval: Duration,
-    pub create_wait: Duration,
-    pub max_request_bytes: usize,
-}
-
 /// What request handlers share.
 pub(crate) struct Ctx {
-    pub caches: Vec<CacheHandle>,
-    pub upstream: Upstream,
-    pub metrics: Arc<HostMetrics>,
-    pub auth: AuthChecker,
-    pub shutdown: watch::Receiver<bool>,
-    pub progress_notify_interval: Duration,
-    pub rejoin_interval: Duration,
-    pub create_wait: Duration,
+    /// The caches, the connection to etcd, the counters: what watch sessions share too.
+    pub env: Arc<SessionEnv>,
+    pub auth: Arc<AuthChecker>,
     pub max_request_bytes: usize,
-    compacted: AtomicU64,
 }
 
 impl Ctx {
-    pub fn new(
-        caches: Vec<CacheHandle>,
-        upstream: Upstream,
-        metrics: Arc<HostMetrics>,
-        auth: AuthChecker,
-        shutdown: watch::Receiver<bool>,
-        s: Settings,
-    ) -> Ctx {
-        Ctx {
-            caches,
-            upstream,
-            metrics,
-            auth,
-            shutdown,
-            progress_notify_interval: s.progress_notify_interval.max(Duration::from_millis(100)),
-            rejoin_interval: s.rejoin_interval.max(Duration::from_millis(10)),
-            create_wait: s.create_wait,
-            max_request_bytes: s.max_request_bytes,
-            compacted: AtomicU64::new(0),
-        }
+    pub fn caches(&self) -> &[CacheHandle] {
+        &self.env.caches
+    }
+
+    pub fn upstream(&self) -> &Upstream {
+        &self.env.upstream
+    }
+
+    pub fn metrics(&self) -> &HostMetrics {
+        &self.env.metrics
     }
 
     /// The cache whose prefix holds every key of `range` (the longest such prefix).
     pub fn cache_for(&self, range: &KeyRange) -> Option<usize> {
-        self.caches
+        self.caches()
             .iter()
             .enumerate()
             .filter(|(_, c)| c.covers(range))
@@ -147,19 +125,16 @@ impl Ctx {
             .map(|(i, _)| i)
     }
 
-    /// etcd's compaction revision, as far as the cache knows.
+    /// etcd's compaction revision, as far as the caches know.
     pub fn compacted(&self) -> u64 {
-        self.compacted.load(Ordering::Relaxed)
+        self.caches().iter().map(|c| c.status().compacted).max().unwrap_or(0)
     }
 
     /// etcd compacted at `rev`: reads and watches below it go to etcd (which refuses them as
     /// etcd does), and the caches drop their older snapshots.
     pub fn note_compacted(&self, rev: u64) {
-        let before = self.compacted.fetch_max(rev, Ordering::Relaxed);
-        if rev > before {
-            for c in &self.caches {
-                let _ = c.send(Cmd::Storage(StorageMsg::Compacted { rv: rev }));
-            }
+        for c in self.caches() {
+            c.note_compacted(rev);
         }
     }
 }
@@ -169,7 +144,7 @@ pub struct Server {
     ctx: Arc<Ctx>,
     grpc_addr: SocketAddr,
     http_addr: Option<SocketAddr>,
-    shutdown: watch::Sender<bool>,
+    shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -179,21 +154,18 @@ impl Server {
         if cfg.prefixes.is_empty() {
             return Err("at least one --prefix is needed".into());
         }
-        cfg.cache
-            .core
-            .validate()
-            .map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.message))?;
+        cfg.cache.validate()?;
         let upstream = Upstream::connect(&cfg.upstream).await?;
         let metrics = Arc::new(HostMetrics::default());
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
         let clock = Clock::new();
+        let cache_config = Arc::new(cfg.cache.clone());
         let mut caches = Vec::new();
         let mut tasks = Vec::new();
         for prefix in &cfg.prefixes {
-            let spawned = crate::library::spawn_cache(
+            let spawned = spawn_cache(
                 prefix,
-                cfg.cache.clone(),
-                cfg.reflector.clone(),
+                cache_config.clone(),
                 clock,
                 &upstream,
                 &metrics,
@@ -202,16 +174,19 @@ impl Server {
             tasks.extend(spawned.tasks);
             caches.push(spawned.handle);
         }
-        let auth = AuthChecker::new(upstream.clone(), cfg.auth_cache_ttl, metrics.clone());
+        let auth =
+            Arc::new(AuthChecker::new(upstream.clone(), cfg.auth_cache_ttl, metrics.clone()));
         auth.refresh().await;
-        let settings = Settings {
-            progress_notify_interval: cfg.progress_notify_interval,
-            rejoin_interval: cfg.rejoin_interval,
-            create_wait: cfg.create_wait,
-            max_request_bytes: cfg.max_request_bytes,
-        };
-        let ctx =
-            Arc::new(Ctx::new(caches, upstream, metrics, auth, shutdown_rx.clone(), settings));
+        let env = Arc::new(SessionEnv {
+            caches,
+            upstream,
+            metrics,
+            permissions: Some(Arc::new(AuthPermissions(auth.clone()))),
+            clock,
+            config: session_config(&cfg.cache, true),
+            shutdown: shutdown_rx.clone(),
+        });
+        let ctx = Arc::new(Ctx { env, auth, max_request_bytes: cfg.max_request_bytes });
         {
             let ctx = ctx.clone();
             let mut stop = shutdown_rx.clone();
@@ -236,23 +211,23 @@ impl Server {
                 .route(
                     "/etcdserverpb.Watch/Watch",
                     axum::routing::any(move |req: http::Request<axum::body::Body>| {
-                        crate::watch_service::route(c1.clone(), req)
+                        watch::route(c1.clone(), req)
                     }),
                 )
                 .route(
                     "/etcdserverpb.KV/Range",
                     axum::routing::any(move |req: http::Request<axum::body::Body>| {
-                        crate::kv_service::range_route(c2.clone(), req)
+                        kv::range_route(c2.clone(), req)
                     }),
                 )
                 .route(
                     "/etcdserverpb.KV/Compact",
                     axum::routing::any(move |req: http::Request<axum::body::Body>| {
-                        crate::kv_service::compact_route(c3.clone(), req)
+                        kv::compact_route(c3.clone(), req)
                     }),
                 )
                 .fallback(move |req: http::Request<axum::body::Body>| {
-                    crate::forward::forward(c4.clone(), req)
+                    forward::forward(c4.clone(), req)
                 })
         };
         let mut builder = tonic::transport::Server::builder()
@@ -271,12 +246,21 @@ impl Server {
         }
         let routes = tonic::service::Routes::from(router);
         let mut stop = shutdown_rx.clone();
-        let serve = builder.add_routes(routes).serve_with_incoming_shutdown(
+        // Every accepted socket without Nagle's algorithm: tonic's `tcp_nodelay` applies only
+        // to listeners it binds itself, and small responses (a watch's `created`, a unary
+        // answer) would otherwise wait for the client's delayed ACK (about 40 ms).
+        let incoming = futures::StreamExt::map(
             tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-            async move {
-                let _ = stop.changed().await;
+            |s| {
+                if let Ok(s) = &s {
+                    let _ = s.set_nodelay(true);
+                }
+                s
             },
         );
+        let serve = builder.add_routes(routes).serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop.changed().await;
+        });
         tasks.push(tokio::spawn(async move {
             if let Err(e) = serve.await {
                 warn!(error = %e, "gRPC server ended");
@@ -289,9 +273,13 @@ impl Server {
                 .await
                 .map_err(|e| format!("listening for HTTP on {addr}: {e}"))?;
             http_addr = Some(l.local_addr().map_err(|e| e.to_string())?);
-            let app = crate::http_api::router(ctx.clone(), cfg.web_dir.clone());
+            let app = http_api::router(ctx.clone(), cfg.web_dir.clone());
             let mut stop = shutdown_rx.clone();
             tasks.push(tokio::spawn(async move {
+                // Without Nagle's algorithm, as for gRPC.
+                let l = axum::serve::ListenerExt::tap_io(l, |tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 let r = axum::serve(l, app)
                     .with_graceful_shutdown(async move {
                         let _ = stop.changed().await;
@@ -318,17 +306,17 @@ impl Server {
 
     /// The caches, one per prefix.
     pub fn caches(&self) -> &[CacheHandle] {
-        &self.ctx.caches
+        self.ctx.caches()
     }
 
     /// The host's counters.
     pub fn metrics(&self) -> &HostMetrics {
-        &self.ctx.metrics
+        self.ctx.metrics()
     }
 
     /// Waits until every cache is ready (at most `limit`).
     pub async fn wait_ready(&self, limit: Duration) -> bool {
-        for c in &self.ctx.caches {
+        for c in self.ctx.caches() {
             if !c.wait_ready(limit).await {
                 return false;
             }

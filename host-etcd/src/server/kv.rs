@@ -10,13 +10,15 @@
 
 use std::sync::Arc;
 
-use cacher_core::{KeyRange, RangeOutcome, RangeRequest};
 use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbRangeRequest, PbRangeResponse,
 };
 use tonic::{Request, Response, Status};
 
-use crate::server::Ctx;
+use super::Ctx;
+use crate::keys::etcd_key_range;
+use crate::library::{range_from_cache, RangeQuery};
+use crate::session::driver::is_refusal;
 use crate::upstream::forwardable;
 
 /// The axum route for `/etcdserverpb.KV/Range`.
@@ -55,9 +57,9 @@ async fn compact(
     let md = forwardable(req.metadata());
     let r = req.into_inner();
     let rev = r.revision;
-    ctx.metrics.count_upstream_request("compact");
+    ctx.metrics().count_upstream_request("compact");
     let resp = ctx
-        .upstream
+        .upstream()
         .unary::<PbCompactionRequest, PbCompactionResponse>("/etcdserverpb.KV/Compact", &md, r)
         .await?;
     if rev > 0 {
@@ -67,8 +69,8 @@ async fn compact(
 }
 
 /// When the cache may answer a Range exactly as etcd would: a valid request over keys of one
-/// cached prefix, in key order, without revision filters.
-fn cacheable(r: &PbRangeRequest) -> Option<KeyRange> {
+/// range, in key order, without revision filters.
+fn cacheable(r: &PbRangeRequest) -> Option<RangeQuery> {
     const SORT_NONE: i32 = 0;
     const SORT_ASCEND: i32 = 1;
     const TARGET_KEY: i32 = 0;
@@ -84,7 +86,14 @@ fn cacheable(r: &PbRangeRequest) -> Option<KeyRange> {
     {
         return None;
     }
-    KeyRange::etcd(&r.key, &r.range_end).ok()
+    Some(RangeQuery {
+        range: etcd_key_range(&r.key, &r.range_end).ok()?,
+        revision: r.revision as u64,
+        serializable: r.serializable,
+        limit: r.limit as u64,
+        keys_only: r.keys_only,
+        count_only: r.count_only,
+    })
 }
 
 async fn range(
@@ -94,12 +103,12 @@ async fn range(
     let md = forwardable(req.metadata());
     let r = req.into_inner();
     if let Some(resp) = from_cache(&ctx, &md, &r).await? {
-        ctx.metrics.count_range(true);
+        ctx.metrics().count_range(true);
         return Ok(Response::new(resp));
     }
-    ctx.metrics.count_range(false);
-    ctx.metrics.count_upstream_request("range");
-    ctx.upstream.unary::<PbRangeRequest, PbRangeResponse>("/etcdserverpb.KV/Range", &md, r).await
+    ctx.metrics().count_range(false);
+    ctx.metrics().count_upstream_request("range");
+    ctx.upstream().unary::<PbRangeRequest, PbRangeResponse>("/etcdserverpb.KV/Range", &md, r).await
 }
 
 async fn from_cache(
@@ -107,40 +116,19 @@ async fn from_cache(
     md: &tonic::metadata::MetadataMap,
     r: &PbRangeRequest,
 ) -> Result<Option<PbRangeResponse>, Status> {
-    let Some(range) = cacheable(r) else { return Ok(None) };
-    let Some(c) = ctx.cache_for(&range) else { return Ok(None) };
-    let revision = r.revision.max(0) as u64;
-    if revision > 0 && revision <= ctx.compacted() {
-        return Ok(None);
-    }
-    let cache = &ctx.caches[c];
+    let Some(q) = cacheable(r) else { return Ok(None) };
+    let Some(c) = ctx.cache_for(&q.range) else { return Ok(None) };
+    let cache = &ctx.caches()[c];
     if !cache.status().ready {
         return Ok(None);
     }
     if let Err(s) = ctx.auth.check(md, &r.key, &r.range_end).await {
-        if crate::watch_service::is_permission_error(&s) {
+        if is_refusal(&s) {
             return Err(s);
         }
         return Ok(None);
     }
-    let outcome = cache
-        .range(RangeRequest {
-            range,
-            revision,
-            linearizable: !r.serializable,
-            limit: r.limit.max(0) as u64,
-        })
-        .await;
-    let read = match outcome {
-        Ok(RangeOutcome::Cache(read)) => read,
-        Ok(RangeOutcome::Storage { .. }) | Err(_) => return Ok(None),
-    };
-    Ok(Some(crate::proto::range_response(
-        &read,
-        ctx.upstream.header(read.header_rv as i64),
-        r.keys_only,
-        r.count_only,
-    )))
+    Ok(range_from_cache(cache, ctx.upstream(), &q).await)
 }
 
 #[cfg(test)]

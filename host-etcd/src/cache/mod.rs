@@ -1,0 +1,1002 @@
+//! One task per cached prefix owns a core [`Cacher`]: it feeds it what the reflector reads from
+//! etcd and what clients ask, passes the time in, and carries out what the core asks for.
+//!
+//! It knows nothing of gRPC, HTTP or protobuf. It serves two kinds of watchers:
+//! - **etcd-style** watches of the watch sessions (`session/`): the lag policy (a slow watcher
+//!   becomes a position in the ring), credit per watcher, and typed batches of whole revisions
+//!   sent per session per wake-up ([`delivery`]);
+//! - **core** watches with Kubernetes semantics ([`CoreItem`]s; the server's Kubernetes-style
+//!   API uses them).
+//!
+//! and reads (etcd `Range`, Kubernetes list and get). Storage input arrives on a bounded
+//! channel: a cache that falls behind slows its reflector, which stops reading etcd's stream
+//! (HTTP/2 flow control then slows etcd's sending), so memory never grows without bound.
+//!
+//! Kubernetes counterpart: the goroutines around one `Cacher` in `cacher.go`
+//! (`dispatchEvents`, `startCaching`, the watchers' `processInterval`), here one task with an
+//! inbox.
+
+pub mod delivery;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cacher_core::{
+    Cacher, Change, CloseCause, Event, GetRequest, KeyRange, ListRequest, Object, Output,
+    RangeOutcome, RangeRequest, ReadOutcome, ReadyState, RequestId, RvParam, Status, Timestamp,
+    WatchEvent, WatchRequest,
+};
+use rustc_hash::FxHashMap as HashMap;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::clock::Clock;
+use crate::config::CacheConfig;
+use crate::keys::range_within_prefix;
+use crate::metrics::{CacheSample, HostMetrics};
+use crate::upstream::Upstream;
+use delivery::{CacheMsg, EventRun, Picks, SessionId, SessionSink, WatchItems, WatchTag};
+
+/// What a cache publishes for sessions and handlers to read without a round trip.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheStatus {
+    /// The ready gate is open.
+    pub ready: bool,
+    /// The cache's revision (the last etcd revision it has applied).
+    pub rv: u64,
+    /// The oldest revision a watch can start after (exclusive), if any.
+    pub oldest_servable: Option<u64>,
+    /// etcd's compaction revision as far as the cache knows.
+    pub compacted: u64,
+    /// How many times the cache has been (re)initialised from a list.
+    pub generation: u64,
+    /// Objects in the store.
+    pub store_len: usize,
+    /// Open watchers.
+    pub watchers: usize,
+    /// Last storage error, if any.
+    pub last_error: Option<String>,
+}
+
+impl CacheStatus {
+    /// Whether a watch starting at `start_rev` (inclusive, > 0) can be served from the window
+    /// as the cache is now (the cache task decides for good).
+    pub fn can_serve_from(&self, start_rev: u64) -> bool {
+        start_rev > 1
+            && start_rev >= self.compacted
+            && self.ready
+            && self.oldest_servable.is_some_and(|o| start_rev >= o)
+    }
+}
+
+/// An item of a core watch (Kubernetes semantics), in order.
+#[derive(Debug)]
+pub enum CoreItem {
+    /// The watch is registered.
+    Started,
+    /// The request failed before starting.
+    Rejected(Status),
+    /// The core sends this watch to storage.
+    Delegated(&'static str),
+    /// Events (credit to return once written, with [`CacheHandle::credit`]).
+    Events(Vec<WatchEvent>),
+    /// An ERROR item.
+    Error(Status),
+    /// The watch ended.
+    Closed(CloseCause),
+}
+
+/// An etcd-style watch a session asks the cache to serve.
+#[derive(Debug)]
+pub struct EtcdWatchStart {
+    /// The session (its messages go to `sink`).
+    pub session: SessionId,
+    /// Where the session's messages go.
+    pub sink: SessionSink,
+    /// The session's name for this attempt.
+    pub tag: WatchTag,
+    /// The keys.
+    pub range: KeyRange,
+    /// Inclusive start revision; 0 = from the cache's revision on.
+    pub start_rev: u64,
+    /// How long to wait for the cache to be ready (relisting) before refusing.
+    pub wait_ready: Duration,
+}
+
+/// Commands to a cache task.
+pub(crate) enum Cmd {
+    EtcdWatch(Box<EtcdWatchStart>),
+    CoreWatch {
+        req: WatchRequest,
+        sink: mpsc::UnboundedSender<CoreItem>,
+        reply: oneshot::Sender<Result<RequestId, Status>>,
+    },
+    Credit {
+        id: RequestId,
+        n: u64,
+    },
+    Cancel {
+        id: RequestId,
+    },
+    Frontier {
+        token: u64,
+        watches: Vec<(WatchTag, RequestId)>,
+        sink: SessionSink,
+    },
+    Range {
+        req: RangeRequest,
+        reply: oneshot::Sender<Result<RangeOutcome, Status>>,
+    },
+    List {
+        req: ListRequest,
+        reply: oneshot::Sender<Result<ReadOutcome, Status>>,
+    },
+    Get {
+        req: GetRequest,
+        reply: oneshot::Sender<Result<ReadOutcome, Status>>,
+    },
+    State {
+        reply: oneshot::Sender<serde_json::Value>,
+    },
+    Metrics {
+        reply: oneshot::Sender<CacheSample>,
+    },
+    CurrentRevision {
+        id: RequestId,
+        rv: u64,
+    },
+    Compacted {
+        rv: u64,
+    },
+    RequestProgress,
+}
+
+/// What the reflector tells its cache.
+#[derive(Debug)]
+pub(crate) enum StorageMsg {
+    Replace { rv: u64, objects: Vec<Object> },
+    Revision { rv: u64, changes: Vec<Change> },
+    Progress { rv: u64 },
+    Error { reason: String },
+    Compacted { rv: u64 },
+}
+
+/// What the cache asks of its reflector.
+#[derive(Debug)]
+pub(crate) enum ReflectorCtl {
+    Progress,
+    Relist(String),
+}
+
+/// A cheap handle to a cache task.
+#[derive(Clone)]
+pub struct CacheHandle {
+    tx: mpsc::UnboundedSender<Cmd>,
+    prefix: Arc<[u8]>,
+    status: watch::Receiver<CacheStatus>,
+    config: Arc<CacheConfig>,
+}
+
+impl std::fmt::Debug for CacheHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheHandle").field("prefix", &self.prefix_str()).finish()
+    }
+}
+
+fn gone() -> Status {
+    Status::stopped()
+}
+
+impl CacheHandle {
+    /// The cached prefix.
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The prefix for display.
+    pub fn prefix_str(&self) -> String {
+        String::from_utf8_lossy(&self.prefix).into_owned()
+    }
+
+    /// The cache's configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// Whether every key of `range` is under this cache's prefix.
+    pub fn covers(&self, range: &KeyRange) -> bool {
+        range_within_prefix(range, &self.prefix)
+    }
+
+    /// The latest published status.
+    pub fn status(&self) -> CacheStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver that changes whenever the status does.
+    pub fn subscribe(&self) -> watch::Receiver<CacheStatus> {
+        self.status.clone()
+    }
+
+    /// Waits until the cache is ready (at most `limit`); returns whether it is.
+    pub async fn wait_ready(&self, limit: Duration) -> bool {
+        let mut rx = self.status.clone();
+        let fut = async {
+            loop {
+                if rx.borrow_and_update().ready {
+                    return true;
+                }
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(limit, fut).await.unwrap_or(false)
+    }
+
+    pub(crate) fn send(&self, cmd: Cmd) -> Result<(), Status> {
+        self.tx.send(cmd).map_err(|_| gone())
+    }
+
+    /// Asks the cache to serve an etcd-style watch; the answer comes on the session's sink.
+    pub fn start_etcd_watch(&self, start: EtcdWatchStart) -> Result<(), Status> {
+        self.send(Cmd::EtcdWatch(Box::new(start)))
+    }
+
+    /// Asks which of a session's watches have been given every event up to the cache's
+    /// revision; the answer comes on `sink`, after every event already given.
+    pub fn frontier(
+        &self,
+        token: u64,
+        watches: Vec<(WatchTag, RequestId)>,
+        sink: SessionSink,
+    ) -> Result<(), Status> {
+        self.send(Cmd::Frontier { token, watches, sink })
+    }
+
+    /// Asks etcd for progress on the cache's own watch, so the cache's revision catches up with
+    /// etcd's even when its prefix is idle.
+    pub fn request_progress(&self) {
+        let _ = self.send(Cmd::RequestProgress);
+    }
+
+    /// etcd compacted at `rv` (learnt by a watch or a read that etcd refused).
+    pub fn note_compacted(&self, rv: u64) {
+        let _ = self.send(Cmd::Compacted { rv });
+    }
+
+    /// An etcd `Range` from the cache, or the decision to ask etcd.
+    pub async fn range(&self, req: RangeRequest) -> Result<RangeOutcome, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Range { req, reply })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// A Kubernetes-style list.
+    pub async fn list(&self, req: ListRequest) -> Result<ReadOutcome, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::List { req, reply })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// A Kubernetes-style get.
+    pub async fn get(&self, req: GetRequest) -> Result<ReadOutcome, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Get { req, reply })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// A core watch (Kubernetes semantics): items arrive on the returned receiver; return
+    /// credit with [`CacheHandle::credit`] as they are written, and cancel with
+    /// [`CacheHandle::cancel`].
+    pub async fn core_watch(
+        &self,
+        req: WatchRequest,
+    ) -> Result<(RequestId, mpsc::UnboundedReceiver<CoreItem>), Status> {
+        let (sink, items) = mpsc::unbounded_channel();
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::CoreWatch { req, sink, reply })?;
+        let id = rx.await.map_err(|_| gone())??;
+        Ok((id, items))
+    }
+
+    /// Gives a watcher room for `n` more events.
+    pub fn credit(&self, id: RequestId, n: u64) {
+        let _ = self.send(Cmd::Credit { id, n });
+    }
+
+    /// Ends a watch.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.send(Cmd::Cancel { id });
+    }
+
+    /// The core's metrics now (for `/metrics`).
+    pub async fn sample(&self) -> Option<CacheSample> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Metrics { reply }).ok()?;
+        rx.await.ok()
+    }
+
+    /// The cache's state as JSON (for `/debug/state`).
+    pub async fn debug_state(&self) -> serde_json::Value {
+        let (reply, rx) = oneshot::channel();
+        if self.send(Cmd::State { reply }).is_err() {
+            return json!({"prefix": self.prefix_str(), "error": "stopped"});
+        }
+        rx.await.unwrap_or_else(|_| json!({"prefix": self.prefix_str(), "error": "stopped"}))
+    }
+}
+
+/// Where a core watch's outputs go.
+enum Route {
+    /// An etcd-style watch of a session.
+    Etcd { session: SessionId, tag: WatchTag, sink: SessionSink, started: bool },
+    /// A core watch.
+    Core { sink: mpsc::UnboundedSender<CoreItem> },
+}
+
+enum ReadReply {
+    Range(oneshot::Sender<Result<RangeOutcome, Status>>),
+    Read(oneshot::Sender<Result<ReadOutcome, Status>>),
+}
+
+/// Deliveries gathered in one wake-up, flushed per session.
+#[derive(Default)]
+struct Pending {
+    /// The events given to etcd-style watches, in order (one run per wake-up).
+    events: Vec<Arc<Event>>,
+    etcd: HashMap<RequestId, Picks>,
+    etcd_order: Vec<RequestId>,
+    core: HashMap<RequestId, Vec<WatchEvent>>,
+    core_order: Vec<RequestId>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.etcd_order.is_empty() && self.core_order.is_empty()
+    }
+}
+
+/// The task that owns one prefix's core.
+pub(crate) struct CacheTask {
+    prefix: Arc<[u8]>,
+    cacher: Cacher,
+    clock: Clock,
+    config: Arc<CacheConfig>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    storage: mpsc::Receiver<StorageMsg>,
+    self_tx: mpsc::WeakUnboundedSender<Cmd>,
+    reflector: mpsc::UnboundedSender<ReflectorCtl>,
+    upstream: Upstream,
+    status: watch::Sender<CacheStatus>,
+    metrics: Arc<HostMetrics>,
+    routes: HashMap<RequestId, Route>,
+    reads: HashMap<RequestId, ReadReply>,
+    /// etcd-style watches waiting for the ready gate, with their deadlines.
+    waiting_ready: Vec<(Instant, Box<EtcdWatchStart>)>,
+    pending: Pending,
+    /// One copy of each watched range, so that the core checks a range once per event for all
+    /// the watchers that share it.
+    interned: HashMap<KeyRange, KeyRange>,
+}
+
+/// What [`new_cache`] makes: the handle, the task to spawn, and the reflector's ends.
+pub(crate) struct NewCache {
+    pub handle: CacheHandle,
+    pub task: CacheTask,
+    pub storage_tx: mpsc::Sender<StorageMsg>,
+    pub ctl_rx: mpsc::UnboundedReceiver<ReflectorCtl>,
+}
+
+/// Creates a cache task for `prefix` and its handle; the caller spawns [`CacheTask::run`] and
+/// the reflector with the storage sender and the control receiver.
+pub(crate) fn new_cache(
+    prefix: &[u8],
+    config: Arc<CacheConfig>,
+    clock: Clock,
+    upstream: Upstream,
+    metrics: Arc<HostMetrics>,
+) -> Result<NewCache, String> {
+    config.validate()?;
+    let cacher = Cacher::new(config.core.clone(), clock.now())
+        .map_err(|e| format!("cache configuration: {}: {}", e.field, e.message))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (storage_tx, storage) = mpsc::channel(config.reflector.inbox_revisions.max(1));
+    let (reflector, ctl_rx) = mpsc::unbounded_channel();
+    let (status, status_rx) = watch::channel(CacheStatus::default());
+    let prefix: Arc<[u8]> = Arc::from(prefix);
+    let handle = CacheHandle {
+        tx: tx.clone(),
+        prefix: prefix.clone(),
+        status: status_rx,
+        config: config.clone(),
+    };
+    let task = CacheTask {
+        prefix,
+        cacher,
+        clock,
+        config,
+        rx,
+        storage,
+        self_tx: tx.downgrade(),
+        reflector,
+        upstream,
+        status,
+        metrics,
+        routes: HashMap::default(),
+        reads: HashMap::default(),
+        waiting_ready: Vec::new(),
+        pending: Pending::default(),
+        interned: HashMap::default(),
+    };
+    Ok(NewCache { handle, task, storage_tx, ctl_rx })
+}
+
+impl CacheTask {
+    /// Runs until every handle is dropped.
+    pub(crate) async fn run(mut self) {
+        let mut storage_open = true;
+        loop {
+            let core = self.cacher.poll_timeout().map(|(t, _)| self.clock.instant_of(t));
+            let ready_wait = self.waiting_ready.iter().map(|(d, _)| *d).min();
+            let deadline = match (core, ready_wait) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            tokio::select! {
+                biased;
+                cmd = self.rx.recv() => {
+                    let Some(cmd) = cmd else { break };
+                    // Everything already queued is handled before the outputs are carried
+                    // out, so that under load each session gets one batch per wake-up.
+                    self.handle(cmd);
+                    for _ in 0..256 {
+                        match self.rx.try_recv() {
+                            Ok(cmd) => self.handle(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                msg = self.storage.recv(), if storage_open => match msg {
+                    Some(msg) => {
+                        self.on_storage(msg);
+                        for _ in 0..64 {
+                            match self.storage.try_recv() {
+                                Ok(msg) => self.on_storage(msg),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => storage_open = false,
+                },
+                _ = sleep_until(deadline) => {
+                    let now = self.clock.now();
+                    self.cacher.handle_timeout(now);
+                    self.collect();
+                    self.expire_ready_waits();
+                }
+            }
+            self.flush();
+            self.publish();
+        }
+        let now = self.clock.now();
+        self.cacher.stop(now);
+        self.collect();
+        self.flush();
+        debug!(prefix = %String::from_utf8_lossy(&self.prefix), "cache task ended");
+    }
+
+    fn publish(&mut self) {
+        let c = &self.cacher;
+        let s = CacheStatus {
+            ready: c.ready_state() == ReadyState::Ready,
+            rv: c.resource_version(),
+            oldest_servable: c.window().oldest_servable,
+            compacted: c.compacted_rv(),
+            generation: c.ready_generation(),
+            store_len: c.store_len(),
+            watchers: c.watcher_count(),
+            last_error: c.last_error().map(str::to_owned),
+        };
+        self.status.send_if_modified(|old| {
+            let changed = *old != s;
+            if changed {
+                *old = s;
+            }
+            changed
+        });
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        let now = self.clock.now();
+        match cmd {
+            Cmd::EtcdWatch(start) => self.etcd_watch(now, start),
+            Cmd::CoreWatch { mut req, sink, reply } => {
+                req.range = self.intern(req.range);
+                req.consume = cacher_core::ConsumeMode::Manual;
+                match self.cacher.start_watch(now, req) {
+                    Ok(id) => {
+                        // Credit comes with WatchStarted (a watch can be parked first).
+                        self.routes.insert(id, Route::Core { sink });
+                        let _ = reply.send(Ok(id));
+                    }
+                    Err(status) => {
+                        let _ = reply.send(Err(status));
+                    }
+                }
+            }
+            Cmd::Credit { id, n } => {
+                self.cacher.grant_credit(now, id, n);
+            }
+            Cmd::Cancel { id } => {
+                // The client is gone: nothing more is sent to it.
+                self.routes.remove(&id);
+                self.cacher.stop_watch(now, id);
+            }
+            Cmd::Frontier { token, watches, sink } => {
+                // Everything given out so far goes first, so the answer follows the events it
+                // vouches for.
+                self.collect();
+                self.flush();
+                let cache_rv = self.cacher.resource_version();
+                let ready = self.cacher.ready_state() == ReadyState::Ready;
+                let caught_up = watches
+                    .into_iter()
+                    .map(|(tag, id)| {
+                        let ok = ready
+                            && self.cacher.watcher(id).is_some_and(|w| {
+                                w.state == "active" && w.queued == 0 && w.initial_pending == 0
+                            });
+                        (tag, ok)
+                    })
+                    .collect();
+                let _ = sink.send(CacheMsg::Frontier { token, cache_rv, caught_up });
+            }
+            Cmd::Range { req, reply } => match self.cacher.range(now, req) {
+                Ok(id) => {
+                    self.reads.insert(id, ReadReply::Range(reply));
+                }
+                Err(s) => {
+                    let _ = reply.send(Err(s));
+                }
+            },
+            Cmd::List { req, reply } => match self.cacher.list(now, req) {
+                Ok(id) => {
+                    self.reads.insert(id, ReadReply::Read(reply));
+                }
+                Err(s) => {
+                    let _ = reply.send(Err(s));
+                }
+            },
+            Cmd::Get { req, reply } => match self.cacher.get(now, req) {
+                Ok(id) => {
+                    self.reads.insert(id, ReadReply::Read(reply));
+                }
+                Err(s) => {
+                    let _ = reply.send(Err(s));
+                }
+            },
+            Cmd::State { reply } => {
+                let _ = reply.send(self.state_json());
+            }
+            Cmd::Metrics { reply } => {
+                let c = &self.cacher;
+                let watchers = c.watchers();
+                let _ = reply.send(CacheSample {
+                    prefix: String::from_utf8_lossy(&self.prefix).into_owned(),
+                    metrics: c.metrics().clone(),
+                    capacity: c.window().capacity,
+                    rv: c.resource_version(),
+                    watchers: watchers.len(),
+                    lagging: watchers.iter().filter(|w| w.state == "lagging").count(),
+                    max_lag: watchers.iter().map(|w| w.lag).max().unwrap_or(0),
+                    store_len: c.store_len(),
+                    ready: c.ready_state() == ReadyState::Ready,
+                });
+            }
+            Cmd::CurrentRevision { id, rv } => self.cacher.handle_current_revision(now, id, rv),
+            Cmd::Compacted { rv } => self.cacher.handle_compaction(now, rv),
+            Cmd::RequestProgress => {
+                let _ = self.reflector.send(ReflectorCtl::Progress);
+            }
+        }
+        self.collect();
+    }
+
+    /// Serves an etcd-style watch from the cache if its start revision is in the window, or
+    /// refuses it (the session goes to etcd); waits for the ready gate up to the start's limit.
+    fn etcd_watch(&mut self, now: Timestamp, start: Box<EtcdWatchStart>) {
+        if self.cacher.ready_state() != ReadyState::Ready {
+            if self.cacher.ready_state() == ReadyState::Pending && !start.wait_ready.is_zero() {
+                let deadline = Instant::now() + start.wait_ready;
+                self.waiting_ready.push((deadline, start));
+            } else {
+                refuse(&start, "the cache is not ready");
+            }
+            return;
+        }
+        let rv = self.cacher.resource_version();
+        let (start_after, servable) = if start.start_rev == 0 {
+            (rv, true)
+        } else {
+            let status = CacheStatus {
+                ready: true,
+                oldest_servable: self.cacher.window().oldest_servable,
+                compacted: self.cacher.compacted_rv(),
+                ..CacheStatus::default()
+            };
+            (start.start_rev - 1, status.can_serve_from(start.start_rev))
+        };
+        if !servable {
+            refuse(&start, &format!("revision {} is outside the cache's window", start.start_rev));
+            return;
+        }
+        let range = self.intern(start.range.clone());
+        let mut req = WatchRequest::new(range, RvParam::At(start_after));
+        req.consume = cacher_core::ConsumeMode::Manual;
+        req.slow_policy = cacher_core::SlowPolicy::Lag;
+        req.queue_capacity = Some(self.config.grpc_queue.max(1));
+        match self.cacher.start_watch(now, req) {
+            Ok(id) => {
+                // Started (or refused) comes out of the outputs, with the first credit.
+                let EtcdWatchStart { session, sink, tag, .. } = *start;
+                self.routes.insert(id, Route::Etcd { session, tag, sink, started: false });
+            }
+            Err(s) => refuse(&start, &s.message),
+        }
+    }
+
+    fn expire_ready_waits(&mut self) {
+        if self.waiting_ready.is_empty() {
+            return;
+        }
+        let ready = self.cacher.ready_state() == ReadyState::Ready;
+        let now = Instant::now();
+        let waiting = std::mem::take(&mut self.waiting_ready);
+        for (deadline, start) in waiting {
+            if ready {
+                self.etcd_watch(self.clock.now(), start);
+            } else if deadline <= now {
+                refuse(&start, "the cache did not become ready in time");
+            } else {
+                self.waiting_ready.push((deadline, start));
+            }
+        }
+        self.collect();
+    }
+
+    fn intern(&mut self, range: KeyRange) -> KeyRange {
+        if self.interned.len() > 10_000 {
+            // Only an optimisation: start over rather than track every watcher's range.
+            self.interned.clear();
+        }
+        self.interned.entry(range.clone()).or_insert(range).clone()
+    }
+
+    fn on_storage(&mut self, msg: StorageMsg) {
+        let now = self.clock.now();
+        let result = match msg {
+            StorageMsg::Replace { rv, objects } => {
+                let n = objects.len();
+                let r = self.cacher.handle_replace(now, rv, objects);
+                if r.is_ok() {
+                    info!(prefix = %String::from_utf8_lossy(&self.prefix), revision = rv, objects = n, "cache initialised from a list");
+                }
+                r
+            }
+            StorageMsg::Revision { rv, changes } => self.cacher.handle_revision(now, rv, changes),
+            StorageMsg::Progress { rv } => self.cacher.handle_progress(now, rv),
+            StorageMsg::Error { reason } => {
+                warn!(prefix = %String::from_utf8_lossy(&self.prefix), %reason, "upstream watch failed; relisting");
+                self.cacher.handle_storage_error(now, &reason);
+                Ok(())
+            }
+            StorageMsg::Compacted { rv } => {
+                self.cacher.handle_compaction(now, rv);
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            // Storage said something inconsistent with what the cache holds: start over.
+            warn!(prefix = %String::from_utf8_lossy(&self.prefix), error = %e, "inconsistent storage input; relisting");
+            let reason = format!("inconsistent storage input: {e}");
+            self.cacher.handle_storage_error(now, &reason);
+        }
+        self.collect();
+        if !self.waiting_ready.is_empty() && self.cacher.ready_state() == ReadyState::Ready {
+            self.expire_ready_waits();
+        }
+    }
+
+    /// Carries out the core's outputs: replies at once, deliveries into the pending batches.
+    fn collect(&mut self) {
+        while let Some(out) = self.cacher.poll_output() {
+            match out {
+                Output::Fanout { event, targets } => {
+                    let mut index = None;
+                    for &(id, kind) in targets.iter() {
+                        match self.routes.get(&id) {
+                            Some(Route::Etcd { .. }) => {
+                                let i = *index.get_or_insert_with(|| {
+                                    self.pending.events.push(event.clone());
+                                    (self.pending.events.len() - 1) as u32
+                                });
+                                pick(&mut self.pending, id, i);
+                            }
+                            Some(Route::Core { .. }) => core_item(
+                                &mut self.pending,
+                                id,
+                                WatchEvent::Change(kind, event.clone()),
+                            ),
+                            None => {}
+                        }
+                    }
+                }
+                Output::Deliver { watch, events } => match self.routes.get(&watch) {
+                    Some(Route::Etcd { .. }) => {
+                        for e in events {
+                            if let WatchEvent::Change(_, ev) = e {
+                                self.pending.events.push(ev);
+                                let i = (self.pending.events.len() - 1) as u32;
+                                pick(&mut self.pending, watch, i);
+                            }
+                        }
+                    }
+                    Some(Route::Core { .. }) => {
+                        for e in events {
+                            core_item(&mut self.pending, watch, e);
+                        }
+                    }
+                    None => {}
+                },
+                Output::WatchStarted { watch, rv, .. } => {
+                    let now = self.clock.now();
+                    let cache_rv = self.cacher.resource_version();
+                    match self.routes.get_mut(&watch) {
+                        Some(Route::Etcd { tag, sink, started, .. }) => {
+                            *started = true;
+                            let msg =
+                                CacheMsg::Started { tag: *tag, watch, after_rev: rv, cache_rv };
+                            if sink.send(msg).is_err() {
+                                self.routes.remove(&watch);
+                                self.cacher.stop_watch(now, watch);
+                            } else {
+                                // The first credit lets the replay and live events flow.
+                                self.cacher.grant_credit(now, watch, self.config.grpc_credit);
+                            }
+                        }
+                        Some(Route::Core { sink }) => {
+                            let _ = sink.send(CoreItem::Started);
+                            self.cacher.grant_credit(now, watch, self.config.kube_credit);
+                        }
+                        None => {}
+                    }
+                }
+                Output::WatchError { watch, status } => {
+                    self.flush();
+                    match self.routes.get(&watch) {
+                        Some(Route::Etcd { started: false, .. }) => {
+                            if let Some(Route::Etcd { tag, sink, .. }) = self.routes.remove(&watch)
+                            {
+                                let _ =
+                                    sink.send(CacheMsg::Refused { tag, reason: status.message });
+                            }
+                        }
+                        // The close follows and says it.
+                        Some(Route::Etcd { .. }) | None => {}
+                        Some(Route::Core { sink }) => {
+                            let _ = sink.send(CoreItem::Error(status));
+                        }
+                    }
+                }
+                Output::WatchClosed { watch, cause, message, .. } => {
+                    self.flush();
+                    match self.routes.remove(&watch) {
+                        Some(Route::Etcd { tag, sink, started: false, .. }) => {
+                            let reason = message.unwrap_or_else(|| cause.as_str().to_owned());
+                            let _ = sink.send(CacheMsg::Refused { tag, reason });
+                        }
+                        Some(Route::Etcd { tag, sink, .. }) => {
+                            let _ = sink.send(CacheMsg::Closed { tag, cause, message });
+                        }
+                        Some(Route::Core { sink }) => {
+                            let _ = sink.send(CoreItem::Closed(cause));
+                        }
+                        None => {}
+                    }
+                }
+                Output::WatchDelegated { watch, reason } => match self.routes.remove(&watch) {
+                    Some(Route::Etcd { tag, sink, .. }) => {
+                        let _ = sink.send(CacheMsg::Refused { tag, reason: reason.to_owned() });
+                    }
+                    Some(Route::Core { sink }) => {
+                        let _ = sink.send(CoreItem::Delegated(reason));
+                    }
+                    None => {}
+                },
+                Output::List { request, outcome } | Output::Get { request, outcome } => {
+                    if let Some(ReadReply::Read(r)) = self.reads.remove(&request) {
+                        let _ = r.send(Ok(outcome));
+                    }
+                }
+                Output::Range { request, outcome } => {
+                    if let Some(ReadReply::Range(r)) = self.reads.remove(&request) {
+                        let _ = r.send(Ok(outcome));
+                    }
+                }
+                Output::Rejected { request, status } => {
+                    if let Some(reply) = self.reads.remove(&request) {
+                        match reply {
+                            ReadReply::Range(r) => {
+                                let _ = r.send(Err(status));
+                            }
+                            ReadReply::Read(r) => {
+                                let _ = r.send(Err(status));
+                            }
+                        }
+                    } else {
+                        match self.routes.remove(&request) {
+                            Some(Route::Etcd { tag, sink, .. }) => {
+                                let _ =
+                                    sink.send(CacheMsg::Refused { tag, reason: status.message });
+                            }
+                            Some(Route::Core { sink }) => {
+                                let _ = sink.send(CoreItem::Rejected(status));
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                Output::RequestProgress => {
+                    let _ = self.reflector.send(ReflectorCtl::Progress);
+                }
+                Output::NeedCurrentRevision { request } => self.quorum_read(request),
+                Output::Relist { reason } => {
+                    let _ = self.reflector.send(ReflectorCtl::Relist(reason));
+                }
+            }
+        }
+    }
+
+    /// Sends what was gathered: one message per session (etcd-style watches), one item per
+    /// core watch.
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            self.pending.events.clear();
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        if !pending.etcd_order.is_empty() {
+            let run = Arc::new(EventRun::new(self.cacher.resource_version(), pending.events));
+            let mut per_session: Vec<(SessionId, SessionSink, Vec<WatchItems>)> = Vec::new();
+            let mut index: HashMap<SessionId, usize> = HashMap::default();
+            let mut picks = pending.etcd;
+            for id in &pending.etcd_order {
+                let (Some(Route::Etcd { session, tag, sink, .. }), Some(p)) =
+                    (self.routes.get(id), picks.remove(id))
+                else {
+                    continue;
+                };
+                let i = *index.entry(*session).or_insert_with(|| {
+                    per_session.push((*session, sink.clone(), Vec::new()));
+                    per_session.len() - 1
+                });
+                per_session[i].2.push(WatchItems { tag: *tag, picks: p });
+            }
+            for (_, sink, items) in per_session {
+                let _ = sink.send(CacheMsg::Events { run: run.clone(), items });
+            }
+        }
+        let mut core = pending.core;
+        for id in &pending.core_order {
+            if let (Some(Route::Core { sink }), Some(events)) =
+                (self.routes.get(id), core.remove(id))
+            {
+                let _ = sink.send(CoreItem::Events(events));
+            }
+        }
+    }
+
+    fn quorum_read(&mut self, id: RequestId) {
+        let Some(tx) = self.self_tx.upgrade() else { return };
+        let upstream = self.upstream.clone();
+        let prefix = self.prefix.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(50);
+            for _ in 0..4 {
+                metrics.count_upstream_request("quorum_read");
+                match upstream.current_revision(&prefix).await {
+                    Ok(rv) => {
+                        let _ = tx.send(Cmd::CurrentRevision { id, rv });
+                        return;
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "quorum read for the current revision failed");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+            }
+            // etcd cannot say: make the read wait (and time out) rather than answer stale.
+            let _ = tx.send(Cmd::CurrentRevision { id, rv: u64::MAX / 2 });
+        });
+    }
+
+    fn state_json(&self) -> serde_json::Value {
+        let c = &self.cacher;
+        let w = c.window();
+        let (snapshots, oldest_snapshot) = c.snapshots();
+        let watchers = c.watchers();
+        let listed: Vec<serde_json::Value> = watchers
+            .iter()
+            .take(1000)
+            .map(|w| {
+                json!({
+                    "id": w.id.0, "key": w.key, "rv": w.rv, "last_sent_rv": w.last_sent_rv,
+                    "queued": w.queued, "queue_capacity": w.queue_capacity, "state": w.state,
+                    "lag": w.lag, "policy": w.policy,
+                    "kind": match self.routes.get(&w.id) { Some(Route::Etcd { .. }) => "etcd", Some(Route::Core { .. }) => "kube", None => "-" },
+                })
+            })
+            .collect();
+        let m = c.metrics();
+        json!({
+            "prefix": String::from_utf8_lossy(&self.prefix),
+            "profile": c.config().profile.as_str(),
+            "ready": c.ready_state() == ReadyState::Ready,
+            "ready_state": format!("{:?}", c.ready_state()).to_lowercase(),
+            "generation": c.ready_generation(),
+            "resource_version": c.resource_version(),
+            "list_resource_version": c.list_resource_version(),
+            "compacted_revision": c.compacted_rv(),
+            "last_error": c.last_error(),
+            "window": {
+                "oldest_rv": w.oldest_rv, "newest_rv": w.newest_rv, "oldest_servable": w.oldest_servable,
+                "len": w.len, "capacity": w.capacity, "evicted_since_relist": w.evicted_since_relist,
+            },
+            "store": {"objects": c.store_len(), "snapshots": snapshots, "oldest_snapshot": oldest_snapshot},
+            "watchers": {"count": watchers.len(), "listed": listed, "parked": c.parked_count(), "waiting_ready": self.waiting_ready.len()},
+            "metrics": {
+                "events_received": m.events_received, "events_dispatched": m.events_dispatched,
+                "deliveries": m.deliveries, "initializations": m.initializations,
+                "terminated_watchers": m.terminated_watchers, "watch_expired": m.watch_expired,
+                "progress_requests": m.progress_requests,
+                "capacity_increases": m.capacity_increases, "capacity_decreases": m.capacity_decreases,
+            },
+        })
+    }
+}
+
+fn refuse(start: &EtcdWatchStart, reason: &str) {
+    let _ = start.sink.send(CacheMsg::Refused { tag: start.tag, reason: reason.to_owned() });
+}
+
+fn pick(pending: &mut Pending, id: RequestId, i: u32) {
+    match pending.etcd.get_mut(&id) {
+        Some(p) => p.push(i),
+        None => {
+            pending.etcd.insert(id, Picks::one(i));
+            pending.etcd_order.push(id);
+        }
+    }
+}
+
+fn core_item(pending: &mut Pending, id: RequestId, e: WatchEvent) {
+    match pending.core.get_mut(&id) {
+        Some(v) => v.push(e),
+        None => {
+            pending.core.insert(id, vec![e]);
+            pending.core_order.push(id);
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

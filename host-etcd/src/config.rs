@@ -1,0 +1,93 @@
+//! How one prefix's cache is set up: the core's configuration, the flow of events to each kind
+//! of watcher, the reflector, and the etcd watch sessions on top. One struct, used as is by the
+//! library ([`crate::Cache`]) and inside the server's [`crate::ServeConfig`].
+//!
+//! Kubernetes counterpart: `storage/cacher/cacher.go`'s `Config` (plus what the apiserver's
+//! flags set on it); etcd counterpart: the options of `go.etcd.io/etcd/cache` (`cache.go`).
+
+use std::time::Duration;
+
+/// Everything one cache is configured with.
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// The core's configuration (profile, ring capacity, bookmarks, budgets, ...).
+    pub core: cacher_core::Config,
+    /// Events an etcd-style watcher may have in flight to its session before the core queues
+    /// for it. Whole revisions are never cut: a revision larger than this is sent whole.
+    pub grpc_credit: u64,
+    /// Events queued per etcd-style watcher in the core before it falls behind and is replayed
+    /// from the ring buffer (a position, not a copy).
+    pub grpc_queue: usize,
+    /// Events a Kubernetes-style watcher may have in flight (its result channel).
+    pub kube_credit: u64,
+    /// The reflector's list and watch settings.
+    pub reflector: ReflectorOptions,
+    /// How often idle watches that asked for it get a progress notification (etcd: 10 min).
+    pub progress_notify_interval: Duration,
+    /// How often a watch served by etcd checks whether it can move back onto the cache.
+    pub rejoin_interval: Duration,
+    /// How long a new watch waits for a cache that is (re)initialising before going to etcd.
+    pub create_wait: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            core: cacher_core::Config::for_profile(cacher_core::Profile::V1_34),
+            grpc_credit: 1024,
+            grpc_queue: 1024,
+            kube_credit: 100,
+            reflector: ReflectorOptions::default(),
+            progress_notify_interval: Duration::from_secs(600),
+            rejoin_interval: Duration::from_secs(1),
+            create_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Checks the settings (the core's rules, and the host's: credits and queues of at least 1).
+    pub fn validate(&self) -> Result<(), String> {
+        self.core
+            .validate()
+            .map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.message))?;
+        if self.grpc_credit == 0 || self.grpc_queue == 0 || self.kube_credit == 0 {
+            return Err(
+                "--grpc-credit, --grpc-queue and the Kubernetes credit must be at least 1".into()
+            );
+        }
+        if self.progress_notify_interval < Duration::from_millis(100) {
+            return Err("--progress-notify-interval: at least 100ms (etcd's minimum)".into());
+        }
+        Ok(())
+    }
+}
+
+/// Reflector settings.
+#[derive(Clone, Debug)]
+pub struct ReflectorOptions {
+    /// Objects per list page (Kubernetes' `storageWatchListPageSize`, 10 000).
+    pub page_size: i64,
+    /// First retry delay after a failure.
+    pub backoff_min: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Largest etcd response accepted (list pages and watch batches).
+    pub max_message_bytes: usize,
+    /// Revisions on their way from the reflector to the cache before the reflector stops
+    /// reading etcd's watch stream (so a slow cache slows its own upstream watch, never
+    /// memory without bound).
+    pub inbox_revisions: usize,
+}
+
+impl Default for ReflectorOptions {
+    fn default() -> Self {
+        ReflectorOptions {
+            page_size: 10_000,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+            max_message_bytes: 256 << 20,
+            inbox_revisions: 1024,
+        }
+    }
+}

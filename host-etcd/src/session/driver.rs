@@ -1,0 +1,539 @@
+//! The tokio driver of a [`WatchSession`]: it feeds the session the client's requests, the
+//! caches' messages, the relays' responses and the time, and carries out what the session asks
+//! (responses into the bounded outbox, commands to the cache tasks, relay tasks, permission
+//! checks). It holds no logic of its own beyond flow control: while the outbox is full it stops
+//! taking cache messages and relay responses (the caches then hold events for the session's
+//! watches within their credit, and the relays stop reading etcd's streams).
+//!
+//! etcd counterpart: the goroutines of `v3rpc/watch.go` (`recvLoop`, `sendLoop`) and, for the
+//! relays, the gRPC proxy's `watch_broadcast.go`.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::proto::{PbWatchRequest, PbWatchResponse};
+use rustc_hash::FxHashMap as HashMap;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+use tracing::debug;
+
+use super::{
+    CacheCmd, CacheView, Note, Permission, RelayEvent, RelayId, Response, SessionConfig,
+    SessionOutput, UpstreamCmd, WatchSession,
+};
+use crate::cache::delivery::{CacheMsg, SessionId};
+use crate::cache::{CacheHandle, CacheStatus, EtcdWatchStart};
+use crate::clock::Clock;
+use crate::metrics::HostMetrics;
+use crate::upstream::Upstream;
+
+/// Decides whether a client may read a range (etcd auth), for cached watches.
+pub trait Permissions: Send + Sync + 'static {
+    /// etcd's decision for the client with metadata `md` on `[key, range_end)`.
+    fn check(
+        &self,
+        md: MetadataMap,
+        key: Vec<u8>,
+        range_end: Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = Permission> + Send>>;
+
+    /// The decision without asking anyone, when there is one (auth off: every read is allowed).
+    fn check_now(&self) -> Option<Permission> {
+        None
+    }
+}
+
+/// What every session of one server or library cache shares.
+pub struct SessionEnv {
+    /// The caches, in the order sessions number them.
+    pub caches: Vec<CacheHandle>,
+    /// The connection to etcd (relays, headers).
+    pub upstream: Upstream,
+    /// The host's counters.
+    pub metrics: Arc<HostMetrics>,
+    /// Permission checks for cached watches (the server with etcd auth on), if any.
+    pub permissions: Option<Arc<dyn Permissions>>,
+    /// The only clock.
+    pub clock: Clock,
+    /// The sessions' settings.
+    pub config: SessionConfig,
+    /// Set when the host shuts down.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Responses buffered towards the client before the session waits for it...
+const OUT_ITEMS: usize = 64;
+/// ...and their bytes: what a client that stops reading costs, beyond HTTP/2's own buffers.
+pub const OUT_BYTES: usize = 2 << 20;
+/// Responses the driver holds before it stops taking input for the client.
+const PENDING_BYTES: usize = 1 << 20;
+
+/// An item on its way to the client, holding its share of the outbox's byte budget until the
+/// transport takes it.
+pub type OutItem = (Result<Response, Status>, Option<OwnedSemaphorePermit>);
+
+/// The session's side of the queue towards the client, bounded in responses and in bytes.
+pub struct Outbox {
+    tx: mpsc::Sender<OutItem>,
+    budget: Arc<Semaphore>,
+}
+
+impl Outbox {
+    /// A queue and its receiving end.
+    pub fn new() -> (Outbox, mpsc::Receiver<OutItem>) {
+        let (tx, rx) = mpsc::channel(OUT_ITEMS);
+        (Outbox { tx, budget: Arc::new(Semaphore::new(OUT_BYTES)) }, rx)
+    }
+
+    async fn send(&self, item: Result<Response, Status>, size: usize) -> Result<(), ()> {
+        let n = size.clamp(1, OUT_BYTES) as u32;
+        let permit = self.budget.clone().acquire_many_owned(n).await.map_err(|_| ())?;
+        self.tx.send((item, Some(permit))).await.map_err(|_| ())
+    }
+}
+
+/// Roughly what a response costs on the wire (for the byte budgets).
+pub fn response_size(r: &Response) -> usize {
+    match r {
+        Response::Message(m) => prost::Message::encoded_len(m),
+        Response::Events(e) => {
+            e.picks
+                .iter()
+                .filter_map(|i| e.run.event(i))
+                .map(|ev| {
+                    let v = ev.object().map_or(0, |o| o.value().map_or(0, <[u8]>::len));
+                    let p = if e.prev_kv {
+                        ev.prev().map_or(0, |o| o.value().map_or(0, <[u8]>::len))
+                    } else {
+                        0
+                    };
+                    ev.key().len() * 2 + v + p + 40
+                })
+                .sum::<usize>()
+                + 40
+        }
+    }
+}
+
+enum RelayCtl {
+    Progress,
+}
+
+/// Serves one client watch stream until it ends, the client goes away, or the host shuts
+/// down.
+pub async fn run<S>(env: Arc<SessionEnv>, md: MetadataMap, mut inbound: S, out: Outbox)
+where
+    S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin + Send,
+{
+    let session_id = SessionId::next();
+    let (cache_tx, mut cache_rx) = mpsc::unbounded_channel::<CacheMsg>();
+    let (relay_tx, mut relay_rx) = mpsc::channel::<(RelayId, RelayEvent)>(64);
+    let (perm_tx, mut perm_rx) = mpsc::unbounded_channel::<(u64, Permission)>();
+    let mut statuses: Vec<watch::Receiver<CacheStatus>> =
+        env.caches.iter().map(CacheHandle::subscribe).collect();
+    let views = env
+        .caches
+        .iter()
+        .map(|c| CacheView { prefix: Arc::from(c.prefix()), status: c.status() })
+        .collect();
+    let mut session = WatchSession::new(env.config.clone(), views, env.clock.now());
+    let mut d = Driver {
+        env: env.clone(),
+        md,
+        session_id,
+        cache_tx,
+        relay_tx,
+        perm_tx,
+        relays: HashMap::default(),
+        pending: VecDeque::new(),
+        pending_bytes: 0,
+        watch_gauge: 0,
+        owed: HashMap::default(),
+    };
+    env.metrics.grpc_stream(1);
+    let mut shutdown = env.shutdown.clone();
+    let mut inbound_open = true;
+    loop {
+        d.carry_out(&mut session);
+        // Hand what is ready to the transport, as far as the outbox has room; the credit of
+        // what it takes goes back to the caches.
+        while let Some(item) = d.pending.front() {
+            let size = response_size(item).clamp(1, OUT_BYTES);
+            let Ok(permit) = out.budget.clone().try_acquire_many_owned(size as u32) else { break };
+            let Ok(slot) = out.tx.try_reserve() else { break };
+            let Some(item) = d.pending.pop_front() else { break };
+            d.pending_bytes = d.pending_bytes.saturating_sub(size);
+            if let Response::Events(e) = &item {
+                if let Some(c) = e.credit {
+                    d.give_back(c);
+                }
+            }
+            slot.send((Ok(item), Some(permit)));
+        }
+        // Relayed responses wait while the client is not reading (the relays then stop
+        // reading etcd); cache messages are bounded by credit and always taken.
+        let room = d.pending_bytes < PENDING_BYTES && d.pending.len() < OUT_ITEMS;
+        let deadline = session.poll_timeout().map(|(t, _)| env.clock.instant_of(t));
+        let now = || env.clock.now();
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => {
+                let _ = out.send(Err(Status::unavailable("watchcache is shutting down")), 1).await;
+                break;
+            }
+            // The client went away (its end of the stream was dropped).
+            _ = out.tx.closed() => break,
+            m = futures::StreamExt::next(&mut inbound), if inbound_open => match m {
+                Some(Ok(req)) => {
+                    refresh(&mut session, &mut statuses);
+                    session.handle_request(now(), req);
+                }
+                // The client closed its sending side: as etcd does, its watches go on until
+                // it cancels the call.
+                None => inbound_open = false,
+                Some(Err(e)) => {
+                    // A request etcd could not read ends the stream with etcd's error (a
+                    // client that went away never sees it).
+                    debug!(error = %e, "watch stream ended");
+                    let _ = out.send(Err(e), 1).await;
+                    break;
+                }
+            },
+            // The outbox has room again: loop to move what is pending.
+            _ = wait_room(&out, d.pending.front()), if !d.pending.is_empty() => {}
+            msg = cache_rx.recv() => {
+                if let Some(msg) = msg {
+                    refresh(&mut session, &mut statuses);
+                    session.handle_cache(now(), msg);
+                    // Everything already queued goes together (one batch per wake-up).
+                    for _ in 0..64 {
+                        match cache_rx.try_recv() {
+                            Ok(msg) => session.handle_cache(now(), msg),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            ev = relay_rx.recv(), if room => {
+                if let Some((relay, ev)) = ev {
+                    refresh(&mut session, &mut statuses);
+                    session.handle_relay(now(), relay, ev);
+                }
+            }
+            p = perm_rx.recv() => {
+                if let Some((token, decision)) = p {
+                    refresh(&mut session, &mut statuses);
+                    session.handle_permission(now(), token, decision);
+                }
+            }
+            _ = sleep_until(deadline) => {
+                refresh(&mut session, &mut statuses);
+                session.handle_timeout(now());
+            }
+        }
+    }
+    session.close();
+    d.carry_out(&mut session);
+    env.metrics.grpc_watcher(-d.watch_gauge);
+    env.metrics.grpc_stream(-1);
+}
+
+/// Gives the session the caches' statuses that changed.
+fn refresh(session: &mut WatchSession, statuses: &mut [watch::Receiver<CacheStatus>]) {
+    for (i, rx) in statuses.iter_mut().enumerate() {
+        if rx.has_changed().unwrap_or(false) {
+            let status = rx.borrow_and_update().clone();
+            session.handle_cache_status(i, status);
+        }
+    }
+}
+
+async fn wait_room(out: &Outbox, front: Option<&Response>) {
+    let size = front.map_or(1, |r| response_size(r).clamp(1, OUT_BYTES));
+    // Waits until the budget could take it (then gives it back: the loop takes it for good).
+    if let Ok(p) = out.budget.clone().acquire_many_owned(size as u32).await {
+        drop(p);
+    }
+    let _ = out.tx.reserve().await;
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the driver answers itself, at once (a cache that is gone, a decision without asking).
+enum Feedback {
+    Cache(CacheMsg),
+    Permission(u64, Permission),
+}
+
+struct Driver {
+    env: Arc<SessionEnv>,
+    md: MetadataMap,
+    session_id: SessionId,
+    cache_tx: mpsc::UnboundedSender<CacheMsg>,
+    relay_tx: mpsc::Sender<(RelayId, RelayEvent)>,
+    perm_tx: mpsc::UnboundedSender<(u64, Permission)>,
+    relays: HashMap<RelayId, mpsc::UnboundedSender<RelayCtl>>,
+    pending: VecDeque<Response>,
+    pending_bytes: usize,
+    watch_gauge: i64,
+    /// Credit not yet given back, per cache watch.
+    owed: HashMap<(usize, cacher_core::RequestId), u64>,
+}
+
+impl Driver {
+    /// Gives credit back to a cache, in batches.
+    fn give_back(&mut self, c: super::Credit) {
+        let key = (c.cache, c.watch);
+        let owed = self.owed.get(&key).copied().unwrap_or(0) + c.n;
+        if owed >= self.env.config.credit_batch.max(1) {
+            self.owed.remove(&key);
+            if let Some(h) = self.env.caches.get(c.cache) {
+                h.credit(c.watch, owed);
+            }
+        } else {
+            self.owed.insert(key, owed);
+        }
+    }
+
+    /// Carries out everything the session asked for; what could not be done (a cache that is
+    /// gone) goes back to the session as its answer.
+    fn carry_out(&mut self, session: &mut WatchSession) {
+        loop {
+            let mut feedback: Vec<Feedback> = Vec::new();
+            while let Some(o) = session.poll_output() {
+                self.one(o, &mut feedback);
+            }
+            if feedback.is_empty() {
+                break;
+            }
+            let now = self.env.clock.now();
+            for f in feedback {
+                match f {
+                    Feedback::Cache(msg) => session.handle_cache(now, msg),
+                    Feedback::Permission(token, d) => session.handle_permission(now, token, d),
+                }
+            }
+        }
+        let n = session.watch_count() as i64;
+        self.env.metrics.grpc_watcher(n - self.watch_gauge);
+        self.watch_gauge = n;
+    }
+
+    fn one(&mut self, o: SessionOutput, feedback: &mut Vec<Feedback>) {
+        let env = &self.env;
+        match o {
+            SessionOutput::Respond(mut r) => {
+                // The session writes revisions; etcd's ids come from the connection.
+                match &mut r {
+                    Response::Message(m) => fill_header(&env.upstream, m),
+                    Response::Events(e) => {
+                        e.header = env.upstream.header(e.header.revision);
+                        env.metrics.add_delivered(e.picks.len() as u64);
+                    }
+                }
+                self.pending_bytes += response_size(&r);
+                self.pending.push_back(r);
+            }
+            SessionOutput::Cache { cache, cmd } => {
+                let Some(handle) = env.caches.get(cache) else { return };
+                match cmd {
+                    CacheCmd::Start { tag, range, start_rev, wait_ready_ms } => {
+                        let start = EtcdWatchStart {
+                            session: self.session_id,
+                            sink: self.cache_tx.clone(),
+                            tag,
+                            range,
+                            start_rev,
+                            wait_ready: Duration::from_millis(wait_ready_ms),
+                        };
+                        if handle.start_etcd_watch(start).is_err() {
+                            feedback.push(Feedback::Cache(CacheMsg::Refused {
+                                tag,
+                                reason: "the cache has stopped".into(),
+                            }));
+                        }
+                    }
+                    CacheCmd::Cancel { watch } => handle.cancel(watch),
+                    CacheCmd::Credit { watch, n } => handle.credit(watch, n),
+                    CacheCmd::Frontier { token, watches } => {
+                        let tags: Vec<_> = watches.iter().map(|(t, _)| (*t, false)).collect();
+                        if handle.frontier(token, watches, self.cache_tx.clone()).is_err() {
+                            feedback.push(Feedback::Cache(CacheMsg::Frontier {
+                                token,
+                                cache_rv: 0,
+                                caught_up: tags,
+                            }));
+                        }
+                    }
+                    CacheCmd::RequestProgress => handle.request_progress(),
+                }
+            }
+            SessionOutput::Upstream(UpstreamCmd::Open { relay, request }) => {
+                let (ctl, ctl_rx) = mpsc::unbounded_channel();
+                self.relays.insert(relay, ctl);
+                env.metrics.count_upstream_request("watch");
+                tokio::spawn(run_relay(
+                    env.upstream.clone(),
+                    self.md.clone(),
+                    request,
+                    relay,
+                    self.relay_tx.clone(),
+                    ctl_rx,
+                    env.metrics.clone(),
+                ));
+            }
+            SessionOutput::Upstream(UpstreamCmd::Progress { relay }) => {
+                if let Some(ctl) = self.relays.get(&relay) {
+                    let _ = ctl.send(RelayCtl::Progress);
+                }
+            }
+            SessionOutput::Upstream(UpstreamCmd::Close { relay }) => {
+                // Dropping the control channel ends the relay and its etcd stream.
+                self.relays.remove(&relay);
+            }
+            SessionOutput::CheckPermission { token, key, range_end } => {
+                let now =
+                    env.permissions.as_ref().map_or(Some(Permission::Allowed), |p| p.check_now());
+                match (now, &env.permissions) {
+                    (Some(decision), _) => feedback.push(Feedback::Permission(token, decision)),
+                    (None, Some(p)) => {
+                        let check = p.check(self.md.clone(), key, range_end);
+                        let tx = self.perm_tx.clone();
+                        tokio::spawn(async move {
+                            let _ = tx.send((token, check.await));
+                        });
+                    }
+                    (None, None) => feedback.push(Feedback::Permission(token, Permission::Allowed)),
+                }
+            }
+            SessionOutput::Note(n) => match n {
+                Note::ServedFromCache => env.metrics.count_watch(true),
+                Note::ServedFromEtcd => env.metrics.count_watch(false),
+                Note::Rejoined => env.metrics.count_rejoin(),
+                Note::Compacted(rev) => {
+                    for c in &env.caches {
+                        c.note_compacted(rev);
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Fills etcd's cluster and member ids into a header the session wrote (relayed responses
+/// keep etcd's own).
+fn fill_header(upstream: &Upstream, m: &mut PbWatchResponse) {
+    match &mut m.header {
+        Some(h) if h.cluster_id == 0 => *h = upstream.header(h.revision),
+        Some(_) => {}
+        None if m.canceled && m.compact_revision > 0 => {}
+        None => m.header = Some(upstream.header(0)),
+    }
+}
+
+/// One relay: an etcd watch stream for one watch. Its responses go to the session in order
+/// (the channel is bounded: while the session waits for its client, the relay stops reading
+/// etcd); progress requests go up when the session asks. The upstream-watch gauge counts it
+/// while its stream is open.
+async fn run_relay(
+    upstream: Upstream,
+    md: MetadataMap,
+    request: PbWatchRequest,
+    id: RelayId,
+    tx: mpsc::Sender<(RelayId, RelayEvent)>,
+    mut ctl: mpsc::UnboundedReceiver<RelayCtl>,
+    metrics: Arc<HostMetrics>,
+) {
+    let opened = tokio::select! {
+        o = upstream.open_watch(&md, request) => o,
+        // Closed by the session before etcd answered.
+        None = ctl.recv() => return,
+    };
+    let (mut up_tx, mut stream) = match opened {
+        Ok(x) => x,
+        Err(s) => {
+            let ended = RelayEvent::Ended {
+                error: Some(go_status_string(&s)),
+                unavailable: !is_refusal(&s),
+            };
+            let _ = tx.send((id, ended)).await;
+            return;
+        }
+    };
+    let _gauge = UpstreamWatchGauge::open(&metrics);
+    loop {
+        tokio::select! {
+            c = ctl.recv() => match c {
+                Some(RelayCtl::Progress) => {
+                    metrics.count_upstream_request("progress");
+                    if up_tx.request_progress().await.is_err() {
+                        let ended = RelayEvent::Ended { error: Some("etcd closed the watch stream".into()), unavailable: true };
+                        let _ = tx.send((id, ended)).await;
+                        return;
+                    }
+                }
+                None => return,
+            },
+            m = stream.message() => {
+                let ev = match m {
+                    Ok(Some(r)) => RelayEvent::Response(r),
+                    Ok(None) => RelayEvent::Ended { error: Some("etcd closed the watch stream".into()), unavailable: true },
+                    Err(s) => RelayEvent::Ended { error: Some(go_status_string(&s)), unavailable: !is_refusal(&s) },
+                };
+                let end = matches!(ev, RelayEvent::Ended { .. });
+                if tx.send((id, ev)).await.is_err() || end {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Counts an open upstream watch stream for as long as it lives.
+pub(crate) struct UpstreamWatchGauge<'a>(&'a HostMetrics);
+
+impl<'a> UpstreamWatchGauge<'a> {
+    pub(crate) fn open(metrics: &'a HostMetrics) -> UpstreamWatchGauge<'a> {
+        metrics.upstream_watch(1);
+        UpstreamWatchGauge(metrics)
+    }
+}
+
+impl Drop for UpstreamWatchGauge<'_> {
+    fn drop(&mut self) {
+        self.0.upstream_watch(-1);
+    }
+}
+
+/// A gRPC status as etcd's watch server writes it into a cancel reason (Go's `status.Error`
+/// string).
+pub fn go_status_string(s: &Status) -> String {
+    let code = match s.code() {
+        tonic::Code::PermissionDenied => "PermissionDenied",
+        tonic::Code::Unauthenticated => "Unauthenticated",
+        tonic::Code::InvalidArgument => "InvalidArgument",
+        tonic::Code::FailedPrecondition => "FailedPrecondition",
+        other => return format!("rpc error: code = {other:?} desc = {}", s.message()),
+    };
+    format!("rpc error: code = {code} desc = {}", s.message())
+}
+
+/// Whether an etcd error is a refusal (to pass on) rather than a failure to reach etcd.
+pub fn is_refusal(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::PermissionDenied
+            | tonic::Code::Unauthenticated
+            | tonic::Code::InvalidArgument
+            | tonic::Code::FailedPrecondition
+    )
+}

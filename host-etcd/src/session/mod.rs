@@ -1,0 +1,1571 @@
+//! etcd's `Watch` stream as a sans-IO state machine: one session per client stream, many
+//! watches per session, each served from a cache where etcd's semantics allow and from its own
+//! etcd watch (a *relay*) otherwise, moving between the two without the client noticing.
+//!
+//! Like the core (and quinn-proto, str0m), [`WatchSession`] does no I/O and reads no clock:
+//! - **inputs** `handle_*`: a client request, a cache's message, a relay's response or end, a
+//!   permission decision, a cache's status, and [`WatchSession::handle_timeout`];
+//! - **outputs** [`WatchSession::poll_output`], drained after every input: responses for the
+//!   client, commands for the caches, relays to open, ask or close, permission checks;
+//! - [`WatchSession::poll_timeout`] says when to call `handle_timeout` and why.
+//!
+//! `driver.rs` runs it on tokio; `tests.rs` runs it with a fake cache and a fake etcd.
+//!
+//! etcd's guarantees it keeps, per watch (spec/etcd.md 1.6): **ordered** and **unique** (a
+//! watch's revisions only go up: what came from one source is never sent again by the next,
+//! which resumes after the last revision delivered), **reliable** and **resumable** (a watch
+//! that leaves a source resumes from the next revision, from the cache if its window holds it,
+//! else from etcd), **atomic** (responses hold whole revisions), **bookmarkable** (a progress
+//! answer at R comes only once every watch on the stream has been given every event up to R,
+//! and never below a revision the stream has already vouched for). And etcd's rules for the
+//! stream: `created` responses in request order, watch ids never reused (etcd's
+//! `watchStream.nextID` only goes up), events of a watch only after its `created`.
+//!
+//! etcd counterparts: `server/etcdserver/api/v3rpc/watch.go` (`serverWatchStream`: recvLoop,
+//! sendLoop, ids, created/canceled, progress), `server/storage/mvcc/watcher.go` (ids),
+//! `server/proxy/grpcproxy/watch.go` (what a proxy must add: progress answered, not dropped).
+
+pub mod driver;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use cacher_core::{CloseCause, KeyRange, RequestId, Timestamp};
+use etcd_client::proto::{PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::cache::delivery::{CacheMsg, EventRun, Picks, WatchTag};
+use crate::cache::CacheStatus;
+use crate::convert::{FILTER_NODELETE, FILTER_NOPUT};
+use crate::keys::{range_within_prefix, watch_key_range};
+
+/// `mvcc.ErrWatcherDuplicateID`.
+pub const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+/// `mvcc.ErrEmptyWatcherRange`.
+pub const ERR_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
+/// `mvcc.ErrCompacted`, as the watch server words it.
+pub const ERR_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+
+/// A session's settings.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// Idle watches that asked for progress notify get one this often.
+    pub progress_notify_interval_ms: u64,
+    /// How often a relayed watch checks whether it can move back onto its cache.
+    pub rejoin_interval_ms: u64,
+    /// How long a new watch waits for its cache to become ready.
+    pub create_wait_ms: u64,
+    /// How long a create sent to etcd waits for etcd's answer before the session announces the
+    /// watch itself (etcd unreachable) and keeps trying.
+    pub upstream_create_wait_ms: u64,
+    /// Credit is returned to a cache once this many events are owed (the driver batches it).
+    pub credit_batch: u64,
+    /// Largest response built from cached events (whole revisions are never split; a single
+    /// revision larger than this goes whole).
+    pub max_response_bytes: usize,
+    /// Ask before serving a cached watch whether the client may read its range (etcd auth).
+    pub check_permissions: bool,
+    /// Retry delay of an unanswered progress request.
+    pub progress_retry_ms: u64,
+    /// First and longest wait before a relay that broke is tried again.
+    pub backoff_min_ms: u64,
+    /// See `backoff_min_ms`.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            progress_notify_interval_ms: 600_000,
+            rejoin_interval_ms: 1_000,
+            create_wait_ms: 5_000,
+            upstream_create_wait_ms: 1_000,
+            credit_batch: 256,
+            max_response_bytes: 1 << 20,
+            check_permissions: false,
+            progress_retry_ms: 100,
+            backoff_min_ms: 100,
+            backoff_max_ms: 2_000,
+        }
+    }
+}
+
+/// A relay: one etcd watch stream opened for one of the session's watches, numbered by the
+/// session (never reused within it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelayId(pub u64);
+
+/// What a relay reports.
+#[derive(Debug)]
+pub enum RelayEvent {
+    /// A response from etcd (the first one answers the create).
+    Response(PbWatchResponse),
+    /// The relay's etcd stream ended or could not be opened.
+    Ended {
+        /// etcd's error, if any.
+        error: Option<String>,
+        /// True if etcd could not be reached (try again later); false if etcd refused.
+        unavailable: bool,
+    },
+}
+
+/// A permission decision for a cached watch.
+#[derive(Debug)]
+pub enum Permission {
+    /// etcd lets the client read the range.
+    Allowed,
+    /// etcd refused: the reason, as etcd's watch server writes it into `cancel_reason`.
+    Denied(String),
+    /// etcd could not be asked: etcd decides, through a relay.
+    Unknown,
+}
+
+/// A cached watch's events for the client: whole revisions.
+#[derive(Clone, Debug)]
+pub struct EventsResponse {
+    /// The client's watch id.
+    pub watch_id: i64,
+    /// The response header (its revision at least the last event's; the host fills in etcd's
+    /// cluster and member ids).
+    pub header: PbResponseHeader,
+    /// The events' run (shared).
+    pub run: Arc<EventRun>,
+    /// Which of the run's events.
+    pub picks: Picks,
+    /// With previous values.
+    pub prev_kv: bool,
+    /// Credit to give back to the cache once the transport has taken this response (so a
+    /// client that stops reading stops its cache watchers, which then fall behind into the
+    /// ring instead of piling up here).
+    pub credit: Option<Credit>,
+}
+
+/// Credit a cache gave for events now on their way to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Credit {
+    /// The cache's index.
+    pub cache: usize,
+    /// The core's watch.
+    pub watch: RequestId,
+    /// Events.
+    pub n: u64,
+}
+
+/// A response for the client.
+#[derive(Clone, Debug)]
+pub enum Response {
+    /// A typed response: created, canceled, progress, or relayed from etcd.
+    Message(PbWatchResponse),
+    /// Cached events.
+    Events(EventsResponse),
+}
+
+/// What a session asks of a cache.
+#[derive(Debug)]
+pub enum CacheCmd {
+    /// Serve a watch (the answer is a `Started` or `Refused` message).
+    Start {
+        /// The attempt.
+        tag: WatchTag,
+        /// The keys.
+        range: KeyRange,
+        /// Inclusive start revision, 0 = from the cache's revision.
+        start_rev: u64,
+        /// How long to wait for the ready gate.
+        wait_ready_ms: u64,
+    },
+    /// End a watch.
+    Cancel {
+        /// The core's watch.
+        watch: RequestId,
+    },
+    /// Give a watch room for `n` more events.
+    Credit {
+        /// The core's watch.
+        watch: RequestId,
+        /// Events.
+        n: u64,
+    },
+    /// Which of these watches have everything up to the cache's revision?
+    Frontier {
+        /// The query.
+        token: u64,
+        /// The watches.
+        watches: Vec<(WatchTag, RequestId)>,
+    },
+    /// Ask etcd for progress on the cache's own watch (its revision then catches up with etcd's).
+    RequestProgress,
+}
+
+/// What a session asks of etcd.
+#[derive(Debug)]
+pub enum UpstreamCmd {
+    /// Open a relay: an etcd watch stream with this create request.
+    Open {
+        /// The relay.
+        relay: RelayId,
+        /// The create request (the client's, with the start revision to resume from).
+        request: PbWatchRequest,
+    },
+    /// Send a progress request on the relay's stream.
+    Progress {
+        /// The relay.
+        relay: RelayId,
+    },
+    /// Close the relay.
+    Close {
+        /// The relay.
+        relay: RelayId,
+    },
+}
+
+/// Something worth counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// A watch started on a cache.
+    ServedFromCache,
+    /// A watch went to etcd (a relay was opened for it).
+    ServedFromEtcd,
+    /// A relayed watch moved back onto its cache.
+    Rejoined,
+    /// etcd said it compacted at this revision.
+    Compacted(u64),
+}
+
+/// Everything a session asks for, in order.
+#[derive(Debug)]
+pub enum SessionOutput {
+    /// Send to the client.
+    Respond(Response),
+    /// A command for cache `cache`.
+    Cache {
+        /// The cache's index.
+        cache: usize,
+        /// The command.
+        cmd: CacheCmd,
+    },
+    /// A relay to open, ask or close.
+    Upstream(UpstreamCmd),
+    /// Decide whether the client may read `[key, range_end)`; answer with
+    /// [`WatchSession::handle_permission`].
+    CheckPermission {
+        /// The decision's token.
+        token: u64,
+        /// The watch's key.
+        key: Vec<u8>,
+        /// The watch's range end.
+        range_end: Vec<u8>,
+    },
+    /// For the metrics.
+    Note(Note),
+}
+
+/// Why the next timeout is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerReason {
+    /// Periodic progress notifications for idle watches.
+    ProgressTick,
+    /// A progress request that could not be answered yet is tried again.
+    ProgressRetry,
+    /// Relayed watches check whether they can move back onto their cache.
+    Rejoin,
+    /// A relay that broke is tried again.
+    Resume,
+    /// etcd has not answered a create: the session announces the watch itself.
+    AnnounceCreate,
+}
+
+/// What the session knows of a cache: its prefix (for routing) and its last status.
+#[derive(Clone, Debug)]
+pub struct CacheView {
+    /// The cached prefix.
+    pub prefix: Arc<[u8]>,
+    /// Its status as last published.
+    pub status: CacheStatus,
+}
+
+/// A watch as the client created it.
+#[derive(Clone, Debug)]
+struct CreateSpec {
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+    range: KeyRange,
+    start_revision: i64,
+    prev_kv: bool,
+    progress_notify: bool,
+    fragment: bool,
+    no_put: bool,
+    no_delete: bool,
+    filters: Vec<i32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// Waiting for a permission decision.
+    Authorizing { token: u64 },
+    /// Asked a cache to serve it.
+    CacheStarting { cache: usize, tag: WatchTag },
+    /// Served by a cache.
+    Cache { cache: usize, tag: WatchTag, core: RequestId },
+    /// A relay was opened; etcd has not answered yet.
+    RelayOpening { relay: RelayId, since: Timestamp },
+    /// Served by a relay.
+    Relay { relay: RelayId },
+    /// Between sources, until this time.
+    Waiting { until: Timestamp },
+    /// No source (not started yet, or ending).
+    Idle,
+}
+
+#[derive(Debug)]
+struct Watch {
+    spec: CreateSpec,
+    /// The cache whose prefix holds every key of the watch, if any.
+    cache: Option<usize>,
+    source: Source,
+    /// Every event up to this revision has been given to the client (or filtered out for
+    /// it): a new source resumes after it.
+    delivered: u64,
+    /// The highest revision a response on this watch has vouched for (event or progress).
+    vouched: u64,
+    /// Events below this revision are never sent (the start revision).
+    min_rev: u64,
+    /// Started from "now" and the revision of "now" is not known yet.
+    from_now: bool,
+    /// `created` has been sent.
+    announced: bool,
+    /// The `created` response to send when its turn comes.
+    created: Option<PbWatchResponse>,
+    /// The watch ends once announced (etcd refused it).
+    doomed: bool,
+    /// The client cancelled it before it was announced.
+    cancel_requested: bool,
+    /// Responses held until `created` has gone out.
+    held: Vec<Response>,
+    events_since_tick: bool,
+    /// A periodic progress notification is due once its frontier is known.
+    periodic_due: bool,
+    /// Failed relay attempts in a row.
+    failures: u32,
+}
+
+enum Announce {
+    /// A watch's `created`, when known.
+    Watch(i64),
+    /// A response that must keep its place among the `created` responses.
+    Ready(PbWatchResponse),
+}
+
+struct Query {
+    started: Timestamp,
+    /// The caches asked, by the token of their question.
+    caches: BTreeMap<u64, usize>,
+    relays: BTreeSet<RelayId>,
+    /// Each watch's frontier: every event up to it has been given to the client.
+    frontiers: BTreeMap<i64, u64>,
+    /// Some watch has no frontier (between sources, or not caught up).
+    blocked: bool,
+    /// The watch set when the query started (a watch created since invalidates it).
+    epoch: u64,
+}
+
+/// One client watch stream. See the module docs.
+pub struct WatchSession {
+    cfg: SessionConfig,
+    caches: Vec<CacheView>,
+    watches: BTreeMap<i64, Watch>,
+    by_tag: HashMap<WatchTag, i64>,
+    /// The cache each pending start was sent to.
+    tag_cache: HashMap<WatchTag, usize>,
+    by_relay: HashMap<RelayId, i64>,
+    by_permission: HashMap<u64, i64>,
+    next_auto_id: i64,
+    next_tag: u64,
+    next_relay: u64,
+    next_token: u64,
+    /// Bumped whenever a watch is created.
+    epoch: u64,
+    announce: VecDeque<Announce>,
+    outputs: VecDeque<SessionOutput>,
+    /// A client asked for progress and has not been answered.
+    progress_wanted: bool,
+    query: Option<Query>,
+    progress_retry_at: Option<Timestamp>,
+    /// The last `watch_id = -1` progress answer's revision.
+    stream_progress: u64,
+    /// The periodic tick's questions to caches, while out.
+    periodic_tokens: BTreeSet<u64>,
+    next_tick: Timestamp,
+    next_rejoin: Timestamp,
+    /// The highest revision seen from etcd or a cache (for headers of the session's own
+    /// responses).
+    best_rev: u64,
+    now: Timestamp,
+}
+
+impl WatchSession {
+    /// A session over `caches` (in the order the host numbers them), starting at `now`.
+    pub fn new(cfg: SessionConfig, caches: Vec<CacheView>, now: Timestamp) -> WatchSession {
+        let best_rev = caches.iter().map(|c| c.status.rv).max().unwrap_or(0);
+        let next_tick = now.add_ms(cfg.progress_notify_interval_ms.max(1));
+        let next_rejoin = now.add_ms(cfg.rejoin_interval_ms.max(1));
+        WatchSession {
+            cfg,
+            caches,
+            watches: BTreeMap::new(),
+            by_tag: HashMap::default(),
+            tag_cache: HashMap::default(),
+            by_relay: HashMap::default(),
+            by_permission: HashMap::default(),
+            next_auto_id: 0,
+            next_tag: 1,
+            next_relay: 1,
+            next_token: 1,
+            epoch: 0,
+            announce: VecDeque::new(),
+            outputs: VecDeque::new(),
+            progress_wanted: false,
+            query: None,
+            progress_retry_at: None,
+            stream_progress: 0,
+            periodic_tokens: BTreeSet::new(),
+            next_tick,
+            next_rejoin,
+            best_rev,
+            now,
+        }
+    }
+
+    // ----- inputs -----------------------------------------------------------------------------
+
+    /// A request from the client.
+    pub fn handle_request(&mut self, now: Timestamp, req: PbWatchRequest) {
+        self.advance(now);
+        match req.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(c)) => {
+                let spec = CreateSpec {
+                    range: KeyRange::Exact(cacher_core::Key::new(b"")),
+                    key: c.key,
+                    range_end: c.range_end,
+                    start_revision: c.start_revision,
+                    prev_kv: c.prev_kv,
+                    progress_notify: c.progress_notify,
+                    fragment: c.fragment,
+                    no_put: c.filters.contains(&FILTER_NOPUT),
+                    no_delete: c.filters.contains(&FILTER_NODELETE),
+                    filters: c.filters,
+                };
+                self.create(spec, c.watch_id);
+            }
+            Some(PbWatchRequestUnion::CancelRequest(c)) => self.client_cancel(c.watch_id),
+            Some(PbWatchRequestUnion::ProgressRequest(_)) => {
+                self.progress_wanted = true;
+                if self.query.is_none() {
+                    self.start_query();
+                }
+            }
+            // etcd ignores request types it does not know.
+            None => {}
+        }
+        self.flush_announcements();
+    }
+
+    /// A message from a cache.
+    pub fn handle_cache(&mut self, now: Timestamp, msg: CacheMsg) {
+        self.advance(now);
+        match msg {
+            CacheMsg::Started { tag, watch, after_rev, cache_rv } => {
+                self.best_rev = self.best_rev.max(cache_rv);
+                self.on_cache_started(tag, watch, after_rev, cache_rv)
+            }
+            CacheMsg::Refused { tag, reason } => self.on_cache_refused(tag, &reason),
+            CacheMsg::Events { run, items } => {
+                self.best_rev = self.best_rev.max(run.header_rev());
+                for item in items {
+                    self.on_cache_events(&run, item.tag, &item.picks);
+                }
+            }
+            CacheMsg::Closed { tag, cause, .. } => self.on_cache_closed(tag, cause),
+            CacheMsg::Frontier { token, cache_rv, caught_up } => {
+                self.best_rev = self.best_rev.max(cache_rv);
+                self.on_frontier(token, cache_rv, caught_up)
+            }
+        }
+        self.flush_announcements();
+    }
+
+    /// A relay's response or end.
+    pub fn handle_relay(&mut self, now: Timestamp, relay: RelayId, ev: RelayEvent) {
+        self.advance(now);
+        let Some(&id) = self.by_relay.get(&relay) else { return };
+        let current = self.watches.get(&id).is_some_and(|w| {
+            matches!(w.source, Source::Relay { relay: r } | Source::RelayOpening { relay: r, .. } if r == relay)
+        });
+        if !current {
+            self.by_relay.remove(&relay);
+            return;
+        }
+        match ev {
+            RelayEvent::Response(r) => {
+                if let Some(h) = &r.header {
+                    self.best_rev = self.best_rev.max(h.revision.max(0) as u64);
+                }
+                self.on_relay_response(id, relay, r)
+            }
+            RelayEvent::Ended { error, unavailable } => {
+                self.on_relay_ended(id, relay, error, unavailable)
+            }
+        }
+        self.flush_announcements();
+    }
+
+    /// The answer to [`SessionOutput::CheckPermission`].
+    pub fn handle_permission(&mut self, now: Timestamp, token: u64, decision: Permission) {
+        self.advance(now);
+        let Some(id) = self.by_permission.remove(&token) else { return };
+        let Some(w) = self.watches.get(&id) else { return };
+        if w.source != (Source::Authorizing { token }) {
+            return;
+        }
+        let cache = w.cache;
+        match (decision, cache) {
+            (Permission::Allowed, Some(c)) => {
+                let start = w.spec.start_revision.max(0) as u64;
+                self.start_on_cache(id, c, start, self.cfg.create_wait_ms);
+            }
+            (Permission::Denied(reason), _) => {
+                let r = PbWatchResponse {
+                    header: Some(header_at(self.best_rev)),
+                    watch_id: id,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: reason,
+                    ..Default::default()
+                };
+                if let Some(w) = self.watches.get_mut(&id) {
+                    w.created = Some(r);
+                    w.doomed = true;
+                }
+            }
+            (Permission::Allowed | Permission::Unknown, _) => self.open_relay(id),
+        }
+        self.flush_announcements();
+    }
+
+    /// A cache's status changed (the session uses it to decide where a watch can resume).
+    pub fn handle_cache_status(&mut self, cache: usize, status: CacheStatus) {
+        if let Some(c) = self.caches.get_mut(cache) {
+            self.best_rev = self.best_rev.max(status.rv);
+            c.status = status;
+        }
+    }
+
+    /// Time passed: fires every timer due at `now`. Harmless when called early.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.advance(now);
+        // Per-watch timers.
+        let due: Vec<(i64, Source)> = self
+            .watches
+            .iter()
+            .filter_map(|(id, w)| match w.source {
+                Source::Waiting { until } if until <= now => Some((*id, w.source)),
+                Source::RelayOpening { since, .. }
+                    if !w.announced
+                        && w.created.is_none()
+                        && since.add_ms(self.cfg.upstream_create_wait_ms) <= now =>
+                {
+                    Some((*id, w.source))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, source) in due {
+            match source {
+                Source::Waiting { .. } => self.resume(id),
+                Source::RelayOpening { .. } => self.announce_self(id),
+                _ => {}
+            }
+        }
+        if self
+            .query
+            .as_ref()
+            .is_some_and(|q| q.started.add_ms(self.cfg.progress_retry_ms * 3) <= now)
+        {
+            // A relay did not answer (etcd drops a progress request while a watcher on its
+            // stream is still catching up): ask again.
+            self.query = None;
+            self.start_query();
+        }
+        if self.progress_retry_at.is_some_and(|t| t <= now) {
+            self.progress_retry_at = None;
+            if self.progress_wanted && self.query.is_none() {
+                self.start_query();
+            }
+        }
+        if self.next_tick <= now {
+            self.next_tick = now.add_ms(self.cfg.progress_notify_interval_ms.max(1));
+            self.progress_tick();
+        }
+        if self.next_rejoin <= now {
+            self.next_rejoin = now.add_ms(self.cfg.rejoin_interval_ms.max(1));
+            self.rejoin_tick();
+        }
+        self.flush_announcements();
+    }
+
+    /// The stream ends: every source is stopped.
+    pub fn close(&mut self) {
+        let ids: Vec<i64> = self.watches.keys().copied().collect();
+        for id in ids {
+            self.remove_watch(id);
+        }
+        self.announce.clear();
+        self.query = None;
+        self.progress_wanted = false;
+    }
+
+    // ----- polls ------------------------------------------------------------------------------
+
+    /// The next output.
+    pub fn poll_output(&mut self) -> Option<SessionOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// The next deadline and why.
+    pub fn poll_timeout(&self) -> Option<(Timestamp, TimerReason)> {
+        let mut best: Option<(Timestamp, TimerReason)> = None;
+        let mut consider = |t: Timestamp, r: TimerReason| {
+            if best.is_none_or(|(b, _)| t < b) {
+                best = Some((t, r));
+            }
+        };
+        if self.watches.values().any(|w| w.spec.progress_notify) {
+            consider(self.next_tick, TimerReason::ProgressTick);
+        }
+        if let Some(t) = self.progress_retry_at {
+            consider(t, TimerReason::ProgressRetry);
+        }
+        if let Some(q) = &self.query {
+            consider(q.started.add_ms(self.cfg.progress_retry_ms * 3), TimerReason::ProgressRetry);
+        }
+        let mut rejoin = false;
+        for w in self.watches.values() {
+            match w.source {
+                Source::Waiting { until } => consider(until, TimerReason::Resume),
+                Source::RelayOpening { since, .. } if !w.announced && w.created.is_none() => {
+                    consider(
+                        since.add_ms(self.cfg.upstream_create_wait_ms),
+                        TimerReason::AnnounceCreate,
+                    )
+                }
+                Source::Relay { .. } if w.cache.is_some() => rejoin = true,
+                _ => {}
+            }
+        }
+        if rejoin {
+            consider(self.next_rejoin, TimerReason::Rejoin);
+        }
+        best
+    }
+
+    // ----- getters ----------------------------------------------------------------------------
+
+    /// Open watches (announced or not).
+    pub fn watch_count(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// Watches served by a relay right now.
+    pub fn relayed_count(&self) -> usize {
+        self.watches.values().filter(|w| matches!(w.source, Source::Relay { .. })).count()
+    }
+
+    /// The ids of the open watches.
+    pub fn watch_ids(&self) -> Vec<i64> {
+        self.watches.keys().copied().collect()
+    }
+
+    // ----- creation ---------------------------------------------------------------------------
+
+    fn create(&mut self, mut spec: CreateSpec, requested_id: i64) {
+        // etcd's order of checks (`watchStream.Watch`): the range, then the id.
+        spec.range = match watch_key_range(&spec.key, &spec.range_end) {
+            Ok(r) => r,
+            Err(_) => return self.reject_create(-1, ERR_EMPTY_RANGE),
+        };
+        if spec.start_revision < 0 {
+            // etcd hands it to the store, which refuses it as compacted.
+            return self.reject_create(-1, ERR_COMPACTED);
+        }
+        // Watch id: the client's, or the next one (etcd's AutoWatchID = 0); never reused.
+        let id = if requested_id != 0 {
+            if self.watches.contains_key(&requested_id) {
+                return self.reject_create(-1, ERR_DUPLICATE_ID);
+            }
+            requested_id
+        } else {
+            while self.watches.contains_key(&self.next_auto_id) {
+                self.next_auto_id += 1;
+            }
+            let id = self.next_auto_id;
+            self.next_auto_id += 1;
+            id
+        };
+        let cache = self.cache_for(&spec.range);
+        let start = spec.start_revision as u64;
+        let w = Watch {
+            cache,
+            source: Source::Idle,
+            delivered: start.saturating_sub(1),
+            vouched: 0,
+            min_rev: start,
+            from_now: start == 0,
+            announced: false,
+            created: None,
+            doomed: false,
+            cancel_requested: false,
+            held: Vec::new(),
+            events_since_tick: false,
+            periodic_due: false,
+            failures: 0,
+            spec,
+        };
+        self.watches.insert(id, w);
+        self.epoch += 1;
+        self.announce.push_back(Announce::Watch(id));
+        self.invalidate_query(id);
+        match cache {
+            Some(_) if self.cfg.check_permissions => {
+                let token = self.next_token();
+                self.by_permission.insert(token, id);
+                let Some(w) = self.watches.get_mut(&id) else { return };
+                w.source = Source::Authorizing { token };
+                let (key, range_end) = (w.spec.key.clone(), w.spec.range_end.clone());
+                self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
+            }
+            Some(c) => self.start_on_cache(id, c, start, self.cfg.create_wait_ms),
+            None => self.open_relay(id),
+        }
+        self.flush_announcements();
+    }
+
+    fn reject_create(&mut self, watch_id: i64, reason: &str) {
+        let r = PbWatchResponse {
+            header: Some(header_at(self.best_rev)),
+            watch_id,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_owned(),
+            ..Default::default()
+        };
+        self.announce.push_back(Announce::Ready(r));
+        self.flush_announcements();
+    }
+
+    /// Sends, in order, every `created` (and what waits behind it) whose turn has come.
+    fn flush_announcements(&mut self) {
+        while let Some(front) = self.announce.front() {
+            match front {
+                Announce::Ready(_) => {
+                    if let Some(Announce::Ready(r)) = self.announce.pop_front() {
+                        self.outputs.push_back(SessionOutput::Respond(Response::Message(r)));
+                    }
+                }
+                Announce::Watch(id) => {
+                    let id = *id;
+                    let Some(w) = self.watches.get_mut(&id) else {
+                        self.announce.pop_front();
+                        continue;
+                    };
+                    let Some(created) = w.created.take() else { return };
+                    self.announce.pop_front();
+                    w.announced = true;
+                    let held = std::mem::take(&mut w.held);
+                    let (doomed, cancel) = (w.doomed, w.cancel_requested);
+                    self.outputs.push_back(SessionOutput::Respond(Response::Message(created)));
+                    for r in held {
+                        self.outputs.push_back(SessionOutput::Respond(r));
+                    }
+                    if doomed {
+                        self.remove_watch(id);
+                    } else if cancel {
+                        self.client_cancel(id);
+                    }
+                }
+            }
+        }
+    }
+
+    fn created_response(&self, id: i64, rev: u64) -> PbWatchResponse {
+        PbWatchResponse {
+            header: Some(header_at(rev)),
+            watch_id: id,
+            created: true,
+            ..Default::default()
+        }
+    }
+
+    /// etcd could not be asked in time: the session answers `created` itself and keeps trying.
+    fn announce_self(&mut self, id: i64) {
+        let best = self.best_rev;
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        if w.announced || w.created.is_some() {
+            return;
+        }
+        let mut reopen = false;
+        if w.from_now {
+            // "Now" is the newest revision the session knows of: every event after it follows
+            // (a relay still waiting to open "from now" would start later: it opens again
+            // from here).
+            w.from_now = false;
+            w.delivered = best;
+            w.min_rev = best + 1;
+            reopen = matches!(w.source, Source::RelayOpening { .. });
+        }
+        let rev = best.max(w.delivered);
+        let created = self.created_response(id, rev);
+        if let Some(w) = self.watches.get_mut(&id) {
+            w.created = Some(created);
+        }
+        if reopen {
+            self.stop_source(id);
+            self.open_relay(id);
+        }
+    }
+
+    // ----- cancel -----------------------------------------------------------------------------
+
+    fn client_cancel(&mut self, id: i64) {
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        if !w.announced {
+            w.cancel_requested = true;
+            return;
+        }
+        let rev = self.best_rev.max(w.vouched);
+        self.remove_watch(id);
+        let r = PbWatchResponse {
+            header: Some(header_at(rev)),
+            watch_id: id,
+            canceled: true,
+            ..Default::default()
+        };
+        self.respond_now(r);
+    }
+
+    /// Ends a watch because its source ended it for good (etcd's compaction cancel, a refusal):
+    /// the client hears it as etcd said it.
+    fn server_cancel(&mut self, id: i64, mut r: PbWatchResponse) {
+        r.watch_id = id;
+        r.created = false;
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        if w.announced {
+            self.remove_watch(id);
+            self.respond_now(r);
+        } else {
+            // Not announced yet: `created` first (etcd sends both), then the cancel.
+            if w.created.is_none() {
+                let rev = r.header.as_ref().map_or(self.best_rev, |h| h.revision.max(0) as u64);
+                w.created = Some(PbWatchResponse {
+                    header: Some(header_at(rev)),
+                    watch_id: id,
+                    created: true,
+                    ..Default::default()
+                });
+            }
+            w.held.push(Response::Message(r));
+            w.doomed = true;
+            self.stop_source(id);
+        }
+    }
+
+    fn remove_watch(&mut self, id: i64) {
+        self.stop_source(id);
+        if self.watches.remove(&id).is_some() {
+            self.invalidate_query(id);
+        }
+    }
+
+    /// Stops the watch's source (the watch stays, between sources).
+    fn stop_source(&mut self, id: i64) {
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        let old = std::mem::replace(&mut w.source, Source::Idle);
+        match old {
+            Source::Cache { cache, tag, core } => {
+                self.by_tag.remove(&tag);
+                self.outputs.push_back(SessionOutput::Cache {
+                    cache,
+                    cmd: CacheCmd::Cancel { watch: core },
+                });
+            }
+            Source::CacheStarting { tag, .. } => {
+                // Its Started, if it comes, is recognised as stale and cancelled.
+                let _ = tag;
+            }
+            Source::RelayOpening { relay, .. } | Source::Relay { relay } => {
+                self.by_relay.remove(&relay);
+                self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Close { relay }));
+            }
+            Source::Authorizing { token } => {
+                self.by_permission.remove(&token);
+            }
+            Source::Waiting { .. } | Source::Idle => {}
+        }
+        self.invalidate_query(id);
+    }
+
+    // ----- sources ----------------------------------------------------------------------------
+
+    fn start_on_cache(&mut self, id: i64, cache: usize, start_rev: u64, wait_ready_ms: u64) {
+        let tag = WatchTag(self.next_tag);
+        self.next_tag += 1;
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        w.source = Source::CacheStarting { cache, tag };
+        let range = w.spec.range.clone();
+        self.by_tag.insert(tag, id);
+        self.tag_cache.insert(tag, cache);
+        self.invalidate_query(id);
+        self.outputs.push_back(SessionOutput::Cache {
+            cache,
+            cmd: CacheCmd::Start { tag, range, start_rev, wait_ready_ms },
+        });
+    }
+
+    fn open_relay(&mut self, id: i64) {
+        let relay = RelayId(self.next_relay);
+        self.next_relay += 1;
+        let now = self.now;
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        // From "now" while etcd decides what now is; otherwise right after the last revision
+        // delivered.
+        let from = if w.from_now && !w.announced { 0 } else { w.delivered + 1 };
+        w.source = Source::RelayOpening { relay, since: now };
+        let mut create = etcd_client::proto::PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+        };
+        if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
+            c.key = w.spec.key.clone();
+            c.range_end = w.spec.range_end.clone();
+            c.start_revision = from as i64;
+            c.prev_kv = w.spec.prev_kv;
+            c.progress_notify = w.spec.progress_notify;
+            c.fragment = w.spec.fragment;
+            c.filters = w.spec.filters.clone();
+        }
+        self.by_relay.insert(relay, id);
+        self.invalidate_query(id);
+        self.outputs.push_back(SessionOutput::Note(Note::ServedFromEtcd));
+        self.outputs
+            .push_back(SessionOutput::Upstream(UpstreamCmd::Open { relay, request: create }));
+    }
+
+    /// Puts a watch that is between sources back on one: its cache if the window holds the
+    /// next revision (or the cache is relisting: it waits a little), else a relay.
+    fn resume(&mut self, id: i64) {
+        let Some(w) = self.watches.get(&id) else { return };
+        let next = w.delivered + 1;
+        if let Some(c) = w.cache {
+            let status = &self.caches[c].status;
+            if status.can_serve_from(next) {
+                return self.start_on_cache(id, c, next, 0);
+            }
+            if !status.ready && w.from_now && !w.announced {
+                return self.start_on_cache(id, c, 0, self.cfg.create_wait_ms);
+            }
+        }
+        self.open_relay(id);
+    }
+
+    fn backoff(&mut self, id: i64) {
+        let now = self.now;
+        let (min, max) = (self.cfg.backoff_min_ms, self.cfg.backoff_max_ms);
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        let delay = (min << w.failures.min(10)).min(max);
+        w.failures += 1;
+        w.source = Source::Waiting { until: now.add_ms(delay) };
+        self.invalidate_query(id);
+    }
+
+    fn on_cache_started(&mut self, tag: WatchTag, core: RequestId, after_rev: u64, cache_rv: u64) {
+        let Some(cache) = self.tag_cache.remove(&tag) else { return };
+        let id = self.by_tag.get(&tag).copied();
+        let current = id
+            .and_then(|id| self.watches.get(&id).map(|w| (id, w)))
+            .filter(|(_, w)| w.source == Source::CacheStarting { cache, tag });
+        let Some((id, _)) = current else {
+            // An attempt the session gave up on: nothing must come of it.
+            self.by_tag.remove(&tag);
+            self.outputs
+                .push_back(SessionOutput::Cache { cache, cmd: CacheCmd::Cancel { watch: core } });
+            return;
+        };
+        let header = header_at(cache_rv.max(after_rev));
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        w.source = Source::Cache { cache, tag, core };
+        w.failures = 0;
+        if w.from_now {
+            w.from_now = false;
+            w.delivered = after_rev;
+            w.min_rev = after_rev + 1;
+        }
+        if !w.announced && w.created.is_none() {
+            w.created = Some(PbWatchResponse {
+                header: Some(header),
+                watch_id: id,
+                created: true,
+                ..Default::default()
+            });
+        }
+        self.outputs.push_back(SessionOutput::Note(Note::ServedFromCache));
+    }
+
+    fn on_cache_refused(&mut self, tag: WatchTag, reason: &str) {
+        self.tag_cache.remove(&tag);
+        let Some(id) = self.by_tag.remove(&tag) else { return };
+        let Some(w) = self.watches.get(&id) else { return };
+        if !matches!(w.source, Source::CacheStarting { tag: t, .. } if t == tag) {
+            return;
+        }
+        tracing::debug!(watch_id = id, reason, "the cache cannot serve the watch; going to etcd");
+        self.open_relay(id);
+    }
+
+    fn on_cache_events(&mut self, run: &Arc<EventRun>, tag: WatchTag, picks: &Picks) {
+        let Some(&id) = self.by_tag.get(&tag) else { return };
+        let max_bytes = self.cfg.max_response_bytes;
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        let Source::Cache { cache, tag: t, core } = w.source else { return };
+        if t != tag {
+            return;
+        }
+        let mut kept: Vec<u32> = Vec::with_capacity(picks.len());
+        let mut last = w.delivered;
+        for i in picks.iter() {
+            let Some(ev) = run.event(i) else { continue };
+            let rev = ev.rv();
+            last = last.max(rev);
+            // Never below the start, never again what was delivered (a new source resumes
+            // after it), never what the filters leave out.
+            if rev < w.min_rev || rev <= w.delivered {
+                continue;
+            }
+            if (ev.is_delete() && w.spec.no_delete) || (!ev.is_delete() && w.spec.no_put) {
+                continue;
+            }
+            kept.push(i);
+        }
+        w.delivered = last;
+        let credit = Credit { cache, watch: core, n: picks.len() as u64 };
+        let mut responses = Vec::new();
+        if !kept.is_empty() {
+            w.events_since_tick = true;
+            w.periodic_due = false;
+            if let Some(&l) = kept.last() {
+                w.vouched = w.vouched.max(run.event(l).map_or(0, |e| e.rv()));
+            }
+            for frame in frames(run, &kept, w.spec.prev_kv, max_bytes) {
+                responses.push(Response::Events(EventsResponse {
+                    watch_id: id,
+                    header: PbResponseHeader {
+                        revision: run.header_rev() as i64,
+                        ..Default::default()
+                    },
+                    run: run.clone(),
+                    picks: frame,
+                    prev_kv: w.spec.prev_kv,
+                    credit: None,
+                }));
+            }
+        }
+        // The credit comes back with the last response, when the transport takes it; with
+        // nothing to send, at once.
+        match responses.last_mut() {
+            Some(Response::Events(e)) => e.credit = Some(credit),
+            _ => self.outputs.push_back(SessionOutput::Cache {
+                cache,
+                cmd: CacheCmd::Credit { watch: core, n: credit.n },
+            }),
+        }
+        if w.announced {
+            for r in responses {
+                self.outputs.push_back(SessionOutput::Respond(r));
+            }
+        } else {
+            w.held.extend(responses);
+        }
+    }
+
+    fn on_cache_closed(&mut self, tag: WatchTag, cause: CloseCause) {
+        let Some(id) = self.by_tag.remove(&tag) else { return };
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        if !matches!(w.source, Source::Cache { tag: t, .. } if t == tag) {
+            return;
+        }
+        tracing::debug!(
+            watch_id = id,
+            cause = cause.as_str(),
+            delivered = w.delivered,
+            "cached watch ended; resuming elsewhere"
+        );
+        w.source = Source::Waiting { until: self.now };
+        self.invalidate_query(id);
+        // The cache relists (its window restarts at its new list) or the watch fell out of the
+        // window: either way it resumes after the last revision delivered.
+        let wait = if cause == CloseCause::Reinitializing { self.cfg.create_wait_ms } else { 0 };
+        match (self.watches.get(&id).and_then(|w| w.cache), cause) {
+            (Some(c), CloseCause::Reinitializing) => {
+                let next = self.watches.get(&id).map_or(0, |w| w.delivered + 1);
+                // The new list may already cover it; if not, the cache refuses and a relay
+                // takes over.
+                self.start_on_cache(id, c, next, wait);
+            }
+            _ => self.resume(id),
+        }
+    }
+
+    fn on_relay_response(&mut self, id: i64, relay: RelayId, r: PbWatchResponse) {
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        let opening = matches!(w.source, Source::RelayOpening { .. });
+        if opening {
+            if r.canceled {
+                if r.compact_revision > 0 {
+                    self.outputs
+                        .push_back(SessionOutput::Note(Note::Compacted(r.compact_revision as u64)));
+                }
+                if !w.announced && w.created.is_none() {
+                    // Refused at once (permission, ...): etcd's own answer, with our id.
+                    let mut c = r;
+                    c.watch_id = id;
+                    c.created = true;
+                    w.created = Some(c);
+                    w.doomed = true;
+                    self.stop_source(id);
+                } else {
+                    self.server_cancel(id, r);
+                }
+                return;
+            }
+            w.source = Source::Relay { relay };
+            w.failures = 0;
+            if w.from_now {
+                let rev = r.header.as_ref().map_or(0, |h| h.revision.max(0) as u64);
+                w.from_now = false;
+                w.delivered = rev;
+                w.min_rev = rev + 1;
+            }
+            if !w.announced && w.created.is_none() {
+                let mut c = r.clone();
+                c.watch_id = id;
+                c.created = true;
+                w.created = Some(c);
+            }
+            self.invalidate_query(id);
+            if r.created {
+                return;
+            }
+        }
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        if r.canceled {
+            if r.compact_revision > 0 {
+                self.outputs
+                    .push_back(SessionOutput::Note(Note::Compacted(r.compact_revision as u64)));
+            }
+            return self.server_cancel(id, r);
+        }
+        if r.created {
+            return;
+        }
+        let rev = r.header.as_ref().map_or(0, |h| h.revision.max(0) as u64);
+        if r.watch_id == -1 {
+            // The answer to the session's progress request on this relay: everything up to
+            // `rev` has been relayed.
+            w.delivered = w.delivered.max(rev);
+            if let Some(q) = self.query.as_mut() {
+                if q.relays.remove(&relay) {
+                    q.frontiers.insert(id, rev);
+                }
+            }
+            let periodic = w.periodic_due && !w.events_since_tick;
+            if periodic {
+                w.periodic_due = false;
+                self.periodic_progress(id, rev);
+            }
+            self.try_finish_query();
+            self.try_rejoin(id);
+            return;
+        }
+        if r.events.is_empty() {
+            // etcd's periodic progress notification for this watch.
+            if rev >= w.vouched && rev + 1 >= w.min_rev {
+                w.delivered = w.delivered.max(rev);
+                w.vouched = rev;
+                w.events_since_tick = true;
+                let mut out = r;
+                out.watch_id = id;
+                self.respond_for(id, Response::Message(out));
+            }
+            return;
+        }
+        // Events: never again what was delivered before (a new relay resumes after it).
+        let mut out = r;
+        let delivered = w.delivered;
+        out.events
+            .retain(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision.max(0) as u64 > delivered));
+        let last = out
+            .events
+            .iter()
+            .filter_map(|e| e.kv.as_ref())
+            .map(|kv| kv.mod_revision.max(0) as u64)
+            .max();
+        let Some(last) = last else { return };
+        if !out.fragment {
+            w.delivered = w.delivered.max(last);
+        }
+        w.vouched = w.vouched.max(last);
+        w.events_since_tick = true;
+        w.periodic_due = false;
+        out.watch_id = id;
+        self.respond_for(id, Response::Message(out));
+    }
+
+    fn on_relay_ended(
+        &mut self,
+        id: i64,
+        relay: RelayId,
+        error: Option<String>,
+        unavailable: bool,
+    ) {
+        self.by_relay.remove(&relay);
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        tracing::debug!(watch_id = id, ?error, unavailable, "relay ended");
+        if !w.announced && w.created.is_none() && !unavailable {
+            // etcd refused the create: its reason, as etcd's watch server would answer.
+            let reason = error.unwrap_or_else(|| "etcd refused the watch".to_owned());
+            let header = header_at(self.best_rev);
+            if let Some(w) = self.watches.get_mut(&id) {
+                w.created = Some(PbWatchResponse {
+                    header: Some(header),
+                    watch_id: id,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: reason,
+                    ..Default::default()
+                });
+                w.doomed = true;
+            }
+            self.stop_source(id);
+            return;
+        }
+        if !w.announced && w.created.is_none() {
+            // etcd is unreachable: clients of etcd would wait; the watch is announced and its
+            // relay tried again until etcd is back.
+            self.announce_self(id);
+        }
+        if let Some(q) = self.query.as_mut() {
+            if q.relays.remove(&relay) {
+                q.blocked = true;
+            }
+        }
+        self.backoff(id);
+        self.try_finish_query();
+    }
+
+    /// Moves a relayed watch back onto its cache if the cache's window holds its next revision.
+    fn try_rejoin(&mut self, id: i64) {
+        let Some(w) = self.watches.get(&id) else { return };
+        let (Some(c), Source::Relay { .. }) = (w.cache, w.source) else { return };
+        let next = w.delivered + 1;
+        if !self.caches[c].status.can_serve_from(next) {
+            return;
+        }
+        self.stop_source(id);
+        self.outputs.push_back(SessionOutput::Note(Note::Rejoined));
+        self.start_on_cache(id, c, next, 0);
+    }
+
+    fn rejoin_tick(&mut self) {
+        let relayed: Vec<(i64, RelayId)> = self
+            .watches
+            .iter()
+            .filter_map(|(id, w)| match (w.cache, w.source) {
+                (Some(_), Source::Relay { relay }) => Some((*id, relay)),
+                _ => None,
+            })
+            .collect();
+        for (id, relay) in relayed {
+            self.try_rejoin(id);
+            let still = self.watches.get(&id).is_some_and(|w| w.source == Source::Relay { relay });
+            if still {
+                // etcd's answer says how far the relay has got; the watch may then rejoin.
+                self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Progress { relay }));
+            }
+        }
+    }
+
+    // ----- progress ---------------------------------------------------------------------------
+
+    fn start_query(&mut self) {
+        let mut per_cache: BTreeMap<usize, Vec<(WatchTag, RequestId)>> = BTreeMap::new();
+        let mut relays = BTreeSet::new();
+        let mut blocked = false;
+        for w in self.watches.values() {
+            match w.source {
+                Source::Cache { cache, tag, core } => {
+                    per_cache.entry(cache).or_default().push((tag, core))
+                }
+                Source::Relay { relay } => {
+                    relays.insert(relay);
+                }
+                _ if w.doomed => {}
+                _ => blocked = true,
+            }
+        }
+        for &relay in &relays {
+            self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Progress { relay }));
+        }
+        let mut caches = BTreeMap::new();
+        for (cache, watches) in per_cache {
+            let token = self.next_token();
+            caches.insert(token, cache);
+            self.outputs.push_back(SessionOutput::Cache {
+                cache,
+                cmd: CacheCmd::Frontier { token, watches },
+            });
+        }
+        self.query = Some(Query {
+            started: self.now,
+            caches,
+            relays,
+            frontiers: BTreeMap::new(),
+            blocked,
+            epoch: self.epoch,
+        });
+        self.try_finish_query();
+    }
+
+    /// A watch changed source or went away: a query in flight cannot vouch for it.
+    fn invalidate_query(&mut self, id: i64) {
+        if let Some(q) = self.query.as_mut() {
+            q.frontiers.remove(&id);
+            q.blocked = true;
+        }
+    }
+
+    fn on_frontier(&mut self, token: u64, cache_rv: u64, caught_up: Vec<(WatchTag, bool)>) {
+        if self.periodic_tokens.remove(&token) {
+            for (tag, ok) in caught_up {
+                let Some(&id) = self.by_tag.get(&tag) else { continue };
+                let Some(w) = self.watches.get_mut(&id) else { continue };
+                if !ok || !matches!(w.source, Source::Cache { tag: t, .. } if t == tag) {
+                    continue;
+                }
+                w.delivered = w.delivered.max(cache_rv);
+                if w.periodic_due && !w.events_since_tick {
+                    w.periodic_due = false;
+                    self.periodic_progress(id, cache_rv);
+                }
+            }
+            return;
+        }
+        let Some(q) = self.query.as_mut() else { return };
+        if q.caches.remove(&token).is_none() {
+            return;
+        }
+        for (tag, ok) in caught_up {
+            let id = self.by_tag.get(&tag).copied();
+            let current = id.filter(|id| {
+                self.watches
+                    .get(id)
+                    .is_some_and(|w| matches!(w.source, Source::Cache { tag: t, .. } if t == tag))
+            });
+            match (current, ok) {
+                (Some(id), true) => {
+                    q.frontiers.insert(id, cache_rv);
+                    if let Some(w) = self.watches.get_mut(&id) {
+                        w.delivered = w.delivered.max(cache_rv);
+                    }
+                }
+                _ => q.blocked = true,
+            }
+        }
+        self.try_finish_query();
+    }
+
+    /// Answers the client's progress request once every source has answered, if every watch
+    /// has been given everything up to one revision that is not below anything the stream has
+    /// vouched for; otherwise asks again shortly.
+    fn try_finish_query(&mut self) {
+        let Some(q) = &self.query else { return };
+        if !q.caches.is_empty() || !q.relays.is_empty() {
+            return;
+        }
+        let Some(q) = self.query.take() else { return };
+        if !self.progress_wanted {
+            return;
+        }
+        let complete = !q.blocked
+            && q.epoch == self.epoch
+            && self.watches.iter().all(|(id, w)| w.doomed || q.frontiers.contains_key(id));
+        let floor =
+            self.watches.values().map(|w| w.vouched).max().unwrap_or(0).max(self.stream_progress);
+        let rev = if self.watches.values().all(|w| w.doomed) {
+            Some(self.best_rev.max(floor))
+        } else if complete {
+            q.frontiers.values().copied().min().filter(|r| *r >= floor)
+        } else {
+            None
+        };
+        let Some(rev) = rev else {
+            // Not yet: a cache behind the others is asked to catch up with etcd, and the
+            // question is asked again soon (etcd itself answers once its watchers are synced).
+            if complete {
+                let lagging: BTreeSet<usize> = self
+                    .watches
+                    .iter()
+                    .filter_map(|(id, w)| match w.source {
+                        Source::Cache { cache, .. }
+                            if q.frontiers.get(id).is_some_and(|f| *f < floor) =>
+                        {
+                            Some(cache)
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                for cache in lagging {
+                    self.outputs
+                        .push_back(SessionOutput::Cache { cache, cmd: CacheCmd::RequestProgress });
+                }
+            }
+            self.progress_retry_at = Some(self.now.add_ms(self.cfg.progress_retry_ms));
+            return;
+        };
+        self.progress_wanted = false;
+        self.stream_progress = rev;
+        for w in self.watches.values_mut() {
+            w.vouched = w.vouched.max(rev);
+            w.delivered = w.delivered.max(rev);
+        }
+        let r =
+            PbWatchResponse { header: Some(header_at(rev)), watch_id: -1, ..Default::default() };
+        // After every `created` already asked for, as etcd answers requests in order.
+        self.announce.push_back(Announce::Ready(r));
+    }
+
+    fn progress_tick(&mut self) {
+        let mut per_cache: BTreeMap<usize, Vec<(WatchTag, RequestId)>> = BTreeMap::new();
+        let mut relays = Vec::new();
+        for w in self.watches.values_mut() {
+            if w.spec.progress_notify && w.announced && !w.events_since_tick {
+                match w.source {
+                    Source::Cache { cache, tag, core } => {
+                        w.periodic_due = true;
+                        per_cache.entry(cache).or_default().push((tag, core));
+                    }
+                    Source::Relay { relay } => {
+                        w.periodic_due = true;
+                        relays.push(relay);
+                    }
+                    _ => {}
+                }
+            } else {
+                w.periodic_due = false;
+            }
+            w.events_since_tick = false;
+        }
+        for (cache, watches) in per_cache {
+            let token = self.next_token();
+            self.periodic_tokens.insert(token);
+            self.outputs.push_back(SessionOutput::Cache {
+                cache,
+                cmd: CacheCmd::Frontier { token, watches },
+            });
+        }
+        for relay in relays {
+            self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Progress { relay }));
+        }
+    }
+
+    /// A periodic progress notification for one watch at `rev`, if it keeps the watch's
+    /// revisions going up and is not below its start (etcd #20221).
+    fn periodic_progress(&mut self, id: i64, rev: u64) {
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        if rev < w.vouched || rev + 1 < w.min_rev || !w.announced {
+            return;
+        }
+        w.vouched = rev;
+        let r =
+            PbWatchResponse { header: Some(header_at(rev)), watch_id: id, ..Default::default() };
+        self.respond_now(r);
+    }
+
+    // ----- helpers ----------------------------------------------------------------------------
+
+    fn advance(&mut self, now: Timestamp) {
+        if now > self.now {
+            self.now = now;
+        }
+    }
+
+    fn next_token(&mut self) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    /// The cache whose prefix holds every key of `range` (the longest such prefix).
+    fn cache_for(&self, range: &KeyRange) -> Option<usize> {
+        self.caches
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| range_within_prefix(range, &c.prefix))
+            .max_by_key(|(_, c)| c.prefix.len())
+            .map(|(i, _)| i)
+    }
+
+    fn respond_now(&mut self, r: PbWatchResponse) {
+        self.outputs.push_back(SessionOutput::Respond(Response::Message(r)));
+    }
+
+    /// A response for watch `id`: now, or after its `created`.
+    fn respond_for(&mut self, id: i64, r: Response) {
+        match self.watches.get_mut(&id) {
+            Some(w) if !w.announced => w.held.push(r),
+            _ => self.outputs.push_back(SessionOutput::Respond(r)),
+        }
+    }
+}
+
+/// A header at `rev`; the host fills in etcd's cluster and member ids on the way out.
+fn header_at(rev: u64) -> PbResponseHeader {
+    PbResponseHeader { revision: rev as i64, ..Default::default() }
+}
+
+/// Splits a watch's events into responses of about `max_bytes`, only between revisions.
+fn frames(run: &EventRun, kept: &[u32], prev_kv: bool, max_bytes: usize) -> Vec<Picks> {
+    let mut out = Vec::new();
+    let mut current: Option<Picks> = None;
+    let mut size = 0usize;
+    for (n, &i) in kept.iter().enumerate() {
+        let Some(ev) = run.event(i) else { continue };
+        size += event_size(ev, prev_kv);
+        match current.as_mut() {
+            Some(p) => p.push(i),
+            None => current = Some(Picks::one(i)),
+        }
+        let boundary =
+            kept.get(n + 1).and_then(|&j| run.event(j)).is_none_or(|next| next.rv() != ev.rv());
+        if boundary && size >= max_bytes {
+            out.extend(current.take());
+            size = 0;
+        }
+    }
+    out.extend(current);
+    out
+}
+
+fn event_size(ev: &cacher_core::Event, prev_kv: bool) -> usize {
+    let obj = ev.object().map_or(0, |o| o.value().map_or(0, <[u8]>::len));
+    let prev = if prev_kv { ev.prev().map_or(0, |o| o.value().map_or(0, <[u8]>::len)) } else { 0 };
+    ev.key().len() * 2 + obj + prev + 40
+}

@@ -1,0 +1,798 @@
+//! The watch session driven deterministically: a fake cache (a window over a shared history)
+//! and a fake etcd (relays over the same history), messages delivered when the test says, time
+//! moved by hand. Each of the reliability issue's findings has its test here.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use cacher_core::{Event, Key, KeyRange, Object, RequestId, Timestamp};
+use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+
+use super::*;
+use crate::cache::delivery::{CacheMsg, EventRun, WatchItems, WatchTag};
+use crate::cache::CacheStatus;
+use crate::convert::pb_event;
+
+/// etcd's history: every revision's events, in order.
+#[derive(Default)]
+struct History {
+    revisions: Vec<(u64, Vec<Arc<Event>>)>,
+    store: BTreeMap<Vec<u8>, Arc<Object>>,
+    rev: u64,
+}
+
+impl History {
+    fn put(&mut self, keys: &[&str]) -> u64 {
+        self.rev += 1;
+        let rev = self.rev;
+        let mut evs = Vec::new();
+        for k in keys {
+            let o = Arc::new(Object::new(k.as_bytes(), Some(format!("v{rev}").as_bytes()), rev));
+            let prev = self.store.insert(k.as_bytes().to_vec(), o.clone());
+            evs.push(Arc::new(Event::put(o, prev, Timestamp::ZERO)));
+        }
+        self.revisions.push((rev, evs));
+        rev
+    }
+
+    fn events_in(&self, range: &KeyRange, after: u64, upto: u64) -> Vec<Arc<Event>> {
+        self.revisions
+            .iter()
+            .filter(|(r, _)| *r > after && *r <= upto)
+            .flat_map(|(_, evs)| evs.iter().filter(|e| range.contains(e.key())).cloned())
+            .collect()
+    }
+}
+
+struct FakeCache {
+    ready: bool,
+    rv: u64,
+    /// The oldest revision a watch can start at.
+    oldest: u64,
+    compacted: u64,
+    watches: BTreeMap<RequestId, (WatchTag, KeyRange)>,
+    next: u64,
+    inbox: VecDeque<CacheMsg>,
+}
+
+impl FakeCache {
+    fn new(rv: u64, oldest: u64) -> FakeCache {
+        FakeCache {
+            ready: true,
+            rv,
+            oldest,
+            compacted: 0,
+            watches: BTreeMap::new(),
+            next: 1,
+            inbox: VecDeque::new(),
+        }
+    }
+
+    fn status(&self) -> CacheStatus {
+        CacheStatus {
+            ready: self.ready,
+            rv: self.rv,
+            oldest_servable: Some(self.oldest),
+            compacted: self.compacted,
+            ..CacheStatus::default()
+        }
+    }
+
+    fn command(&mut self, cmd: CacheCmd, h: &History) {
+        match cmd {
+            CacheCmd::Start { tag, range, start_rev, .. } => {
+                if !self.ready || (start_rev != 0 && start_rev < self.oldest) {
+                    self.inbox
+                        .push_back(CacheMsg::Refused { tag, reason: "outside the window".into() });
+                    return;
+                }
+                let after = if start_rev == 0 { self.rv } else { start_rev - 1 };
+                let id = RequestId(self.next);
+                self.next += 1;
+                self.inbox.push_back(CacheMsg::Started {
+                    tag,
+                    watch: id,
+                    after_rev: after,
+                    cache_rv: self.rv,
+                });
+                let replay = h.events_in(&range, after, self.rv);
+                if !replay.is_empty() {
+                    let n = replay.len() as u32;
+                    let run = Arc::new(EventRun::new(self.rv, replay));
+                    self.inbox.push_back(CacheMsg::Events {
+                        run,
+                        items: vec![WatchItems { tag, picks: Picks::Range(0, n) }],
+                    });
+                }
+                self.watches.insert(id, (tag, range));
+            }
+            CacheCmd::Cancel { watch } => {
+                self.watches.remove(&watch);
+            }
+            CacheCmd::Credit { .. } | CacheCmd::RequestProgress => {}
+            CacheCmd::Frontier { token, watches } => {
+                let caught_up =
+                    watches.iter().map(|(t, id)| (*t, self.watches.contains_key(id))).collect();
+                self.inbox.push_back(CacheMsg::Frontier { token, cache_rv: self.rv, caught_up });
+            }
+        }
+    }
+
+    /// The cache applies revisions up to `h.rev`.
+    fn catch_up(&mut self, h: &History) {
+        let events =
+            h.events_in(&KeyRange::Range { start: Key::new(b""), end: None }, self.rv, h.rev);
+        self.rv = h.rev;
+        if events.is_empty() {
+            return;
+        }
+        let run = Arc::new(EventRun::new(self.rv, events.clone()));
+        let mut items = Vec::new();
+        for (tag, range) in self.watches.values() {
+            let mut picks: Option<Picks> = None;
+            for (i, e) in events.iter().enumerate() {
+                if range.contains(e.key()) {
+                    match picks.as_mut() {
+                        Some(p) => p.push(i as u32),
+                        None => picks = Some(Picks::one(i as u32)),
+                    }
+                }
+            }
+            if let Some(picks) = picks {
+                items.push(WatchItems { tag: *tag, picks });
+            }
+        }
+        if !items.is_empty() {
+            self.inbox.push_back(CacheMsg::Events { run, items });
+        }
+    }
+
+    /// The watch with this tag falls out of the window.
+    fn close(&mut self, tag: WatchTag, cause: CloseCause) {
+        self.watches.retain(|_, (t, _)| *t != tag);
+        self.inbox.push_back(CacheMsg::Closed { tag, cause, message: None });
+    }
+}
+
+struct FakeEtcd {
+    up: bool,
+    /// Whether progress requests are answered (etcd drops them while a watcher is unsynced).
+    answers_progress: bool,
+    compacted: u64,
+    relays: BTreeMap<RelayId, (KeyRange, u64)>,
+    inbox: VecDeque<(RelayId, RelayEvent)>,
+    opened: usize,
+}
+
+impl FakeEtcd {
+    fn new() -> FakeEtcd {
+        FakeEtcd {
+            up: true,
+            answers_progress: true,
+            compacted: 0,
+            relays: BTreeMap::new(),
+            inbox: VecDeque::new(),
+            opened: 0,
+        }
+    }
+
+    fn command(&mut self, cmd: UpstreamCmd, h: &History) {
+        match cmd {
+            UpstreamCmd::Open { relay, request } => {
+                self.opened += 1;
+                if !self.up {
+                    self.inbox.push_back((
+                        relay,
+                        RelayEvent::Ended {
+                            error: Some("connection refused".into()),
+                            unavailable: true,
+                        },
+                    ));
+                    return;
+                }
+                let Some(PbWatchRequestUnion::CreateRequest(c)) = request.request_union else {
+                    return;
+                };
+                let range = crate::keys::watch_key_range(&c.key, &c.range_end).expect("range");
+                let start = if c.start_revision == 0 { h.rev + 1 } else { c.start_revision as u64 };
+                self.inbox.push_back((relay, RelayEvent::Response(resp(0, h.rev, true))));
+                if start < self.compacted {
+                    let mut r = resp(0, 0, false);
+                    r.canceled = true;
+                    r.compact_revision = self.compacted as i64;
+                    self.inbox.push_back((relay, RelayEvent::Response(r)));
+                    return;
+                }
+                self.relays.insert(relay, (range, start - 1));
+                self.catch_up_relay(relay, h);
+            }
+            UpstreamCmd::Progress { relay } => {
+                if self.answers_progress && self.relays.contains_key(&relay) {
+                    self.inbox.push_back((relay, RelayEvent::Response(resp(-1, h.rev, false))));
+                }
+            }
+            UpstreamCmd::Close { relay } => {
+                self.relays.remove(&relay);
+            }
+        }
+    }
+
+    fn catch_up_relay(&mut self, relay: RelayId, h: &History) {
+        let Some((range, sent)) = self.relays.get_mut(&relay) else { return };
+        for (rev, evs) in &h.revisions {
+            if *rev <= *sent {
+                continue;
+            }
+            let mine: Vec<_> = evs
+                .iter()
+                .filter(|e| range.contains(e.key()))
+                .map(|e| pb_event(e, false))
+                .collect();
+            if !mine.is_empty() {
+                let mut r = resp(0, *rev, false);
+                r.events = mine;
+                self.inbox.push_back((relay, RelayEvent::Response(r)));
+            }
+        }
+        *sent = h.rev;
+    }
+
+    fn catch_up(&mut self, h: &History) {
+        let relays: Vec<RelayId> = self.relays.keys().copied().collect();
+        for r in relays {
+            self.catch_up_relay(r, h);
+        }
+    }
+
+    fn go_down(&mut self) {
+        self.up = false;
+        for relay in std::mem::take(&mut self.relays).into_keys() {
+            self.inbox.push_back((
+                relay,
+                RelayEvent::Ended { error: Some("unavailable".into()), unavailable: true },
+            ));
+        }
+    }
+}
+
+fn resp(watch_id: i64, rev: u64, created: bool) -> PbWatchResponse {
+    PbWatchResponse {
+        header: Some(etcd_client::proto::PbResponseHeader {
+            revision: rev as i64,
+            cluster_id: 1,
+            ..Default::default()
+        }),
+        watch_id,
+        created,
+        ..Default::default()
+    }
+}
+
+/// What the client saw, simplified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    Created { id: i64, canceled: bool },
+    Canceled { id: i64, compact: i64 },
+    Progress { id: i64, rev: u64 },
+    Events { id: i64, revs: Vec<u64> },
+}
+
+struct World {
+    s: WatchSession,
+    h: History,
+    cache: FakeCache,
+    etcd: FakeEtcd,
+    now: Timestamp,
+    seen: Vec<Seen>,
+    notes: Vec<Note>,
+}
+
+const PREFIX: &str = "/registry/";
+
+impl World {
+    fn new(cfg: SessionConfig) -> World {
+        let mut h = History::default();
+        for i in 0..10 {
+            h.put(&[&format!("/registry/a{i}")]);
+        }
+        let cache = FakeCache::new(h.rev, 1);
+        let view = CacheView { prefix: Arc::from(PREFIX.as_bytes()), status: cache.status() };
+        let s = WatchSession::new(cfg, vec![view], Timestamp::ZERO);
+        World {
+            s,
+            h,
+            cache,
+            etcd: FakeEtcd::new(),
+            now: Timestamp::ZERO,
+            seen: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    fn cfg() -> SessionConfig {
+        SessionConfig { create_wait_ms: 0, ..SessionConfig::default() }
+    }
+
+    /// Carries out the session's outputs (fakes answer into their inboxes).
+    fn outputs(&mut self) {
+        while let Some(o) = self.s.poll_output() {
+            match o {
+                SessionOutput::Respond(r) => self.seen.push(seen(r)),
+                SessionOutput::Cache { cmd, .. } => self.cache.command(cmd, &self.h),
+                SessionOutput::Upstream(cmd) => self.etcd.command(cmd, &self.h),
+                SessionOutput::CheckPermission { token, .. } => {
+                    self.s.handle_permission(self.now, token, Permission::Allowed)
+                }
+                SessionOutput::Note(n) => self.notes.push(n),
+            }
+        }
+        self.s.handle_cache_status(0, self.cache.status());
+    }
+
+    /// Delivers every message until nothing moves.
+    fn pump(&mut self) {
+        loop {
+            self.outputs();
+            if let Some(m) = self.cache.inbox.pop_front() {
+                self.s.handle_cache(self.now, m);
+                continue;
+            }
+            if let Some((r, ev)) = self.etcd.inbox.pop_front() {
+                self.s.handle_relay(self.now, r, ev);
+                continue;
+            }
+            break;
+        }
+    }
+
+    fn request(&mut self, u: PbWatchRequestUnion) {
+        self.s.handle_request(self.now, PbWatchRequest { request_union: Some(u) });
+        self.outputs();
+    }
+
+    fn create(&mut self, key: &str, end: &str, start: i64, id: i64) {
+        let mut c = etcd_client::proto::PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+        };
+        if let Some(PbWatchRequestUnion::CreateRequest(cr)) = c.request_union.as_mut() {
+            cr.key = key.as_bytes().to_vec();
+            cr.range_end = end.as_bytes().to_vec();
+            cr.start_revision = start;
+            cr.watch_id = id;
+        }
+        self.request(c.request_union.expect("set"));
+    }
+
+    fn watch_prefix(&mut self, start: i64) {
+        self.create(PREFIX, "/registry0", start, 0);
+    }
+
+    fn cancel_id(&mut self, id: i64) {
+        let mut r = PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::CancelRequest(Default::default())),
+        };
+        if let Some(PbWatchRequestUnion::CancelRequest(c)) = r.request_union.as_mut() {
+            c.watch_id = id;
+        }
+        self.s.handle_request(self.now, r);
+        self.outputs();
+    }
+
+    fn progress(&mut self) {
+        self.request(PbWatchRequestUnion::ProgressRequest(Default::default()));
+    }
+
+    fn advance(&mut self, ms: u64) {
+        let target = self.now.add_ms(ms);
+        while let Some((t, _)) = self.s.poll_timeout() {
+            if t > target {
+                break;
+            }
+            self.now = t.max(self.now);
+            self.s.handle_timeout(self.now);
+            self.pump();
+        }
+        self.now = target;
+        self.s.handle_timeout(self.now);
+        self.pump();
+    }
+
+    /// A write that both the cache and etcd see.
+    fn write(&mut self, keys: &[&str]) -> u64 {
+        let rev = self.h.put(keys);
+        self.cache.catch_up(&self.h);
+        self.etcd.catch_up(&self.h);
+        rev
+    }
+
+    fn take(&mut self) -> Vec<Seen> {
+        std::mem::take(&mut self.seen)
+    }
+
+    /// Every event revision the client got for watch `id`, in order.
+    fn revs_of(seen: &[Seen], id: i64) -> Vec<u64> {
+        seen.iter()
+            .filter_map(|s| match s {
+                Seen::Events { id: i, revs } if *i == id => Some(revs.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+}
+
+fn seen(r: Response) -> Seen {
+    match r {
+        Response::Events(e) => Seen::Events {
+            id: e.watch_id,
+            revs: e.picks.iter().filter_map(|i| e.run.event(i)).map(|ev| ev.rv()).collect(),
+        },
+        Response::Message(m) if m.created => Seen::Created { id: m.watch_id, canceled: m.canceled },
+        Response::Message(m) if m.canceled => {
+            Seen::Canceled { id: m.watch_id, compact: m.compact_revision }
+        }
+        Response::Message(m) if m.events.is_empty() => {
+            Seen::Progress { id: m.watch_id, rev: m.header.map_or(0, |h| h.revision as u64) }
+        }
+        Response::Message(m) => Seen::Events {
+            id: m.watch_id,
+            revs: m
+                .events
+                .iter()
+                .filter_map(|e| e.kv.as_ref())
+                .map(|kv| kv.mod_revision as u64)
+                .collect(),
+        },
+    }
+}
+
+// ----- watch ids --------------------------------------------------------------------------------
+
+#[test]
+fn auto_watch_ids_are_never_reused_on_a_stream() {
+    let mut w = World::new(World::cfg());
+    w.watch_prefix(0);
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: 0, canceled: false }, Seen::Created { id: 1, canceled: false }]
+    );
+    w.cancel_id(0);
+    w.watch_prefix(0);
+    w.pump();
+    let seen = w.take();
+    assert_eq!(seen[0], Seen::Canceled { id: 0, compact: 0 });
+    assert_eq!(seen[1], Seen::Created { id: 2, canceled: false }, "id 0 must not come back");
+    // A client-chosen id: refused while in use, allowed once free (as etcd does).
+    w.create(PREFIX, "/registry0", 0, 2);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: -1, canceled: true }]);
+    w.create(PREFIX, "/registry0", 0, 0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 3, canceled: false }]);
+}
+
+/// Reliability finding 4: the server cancels watch 0 (compaction), the client creates another
+/// and then sends its automatic cancel for the old 0: the new watch must live on.
+#[test]
+fn a_late_cancel_for_a_server_cancelled_id_does_not_end_the_next_watch() {
+    let mut w = World::new(World::cfg());
+    w.etcd.compacted = 5;
+    // Outside the prefix: served by etcd, which cancels it as compacted.
+    w.create("/other", "", 2, 0);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: 0, canceled: false }, Seen::Canceled { id: 0, compact: 5 }]
+    );
+    assert!(w.notes.contains(&Note::Compacted(5)));
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 1, canceled: false }]);
+    w.cancel_id(0);
+    w.pump();
+    assert!(w.take().is_empty(), "a cancel of an unknown id gets no answer");
+    let rev = w.write(&["/registry/x"]);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Events { id: 1, revs: vec![rev] }]);
+}
+
+#[test]
+fn created_responses_come_in_request_order() {
+    let mut w = World::new(World::cfg());
+    // A pass-through create first (etcd answers later), then a cached one.
+    w.create("/other", "", 0, 0);
+    w.watch_prefix(0);
+    // The cache answers at once; etcd has not: nothing may overtake the first `created`.
+    while let Some(m) = w.cache.inbox.pop_front() {
+        w.s.handle_cache(w.now, m);
+        w.outputs();
+    }
+    assert!(w.take().is_empty(), "the second watch's created must wait for the first's");
+    let rev = w.write(&["/registry/y"]);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 0, canceled: false },
+            Seen::Created { id: 1, canceled: false },
+            Seen::Events { id: 1, revs: vec![rev] },
+        ]
+    );
+}
+
+// ----- framing ----------------------------------------------------------------------------------
+
+/// Reliability finding 2, at the session: responses hold whole revisions, however they are
+/// sized.
+#[test]
+fn responses_never_split_a_revision() {
+    let mut w = World::new(SessionConfig { max_response_bytes: 1, ..World::cfg() });
+    w.watch_prefix(0);
+    w.pump();
+    w.take();
+    let r1 = w.write(&["/registry/t1", "/registry/t2", "/registry/t3"]);
+    let r2 = w.write(&["/registry/t4"]);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Events { id: 0, revs: vec![r1, r1, r1] },
+            Seen::Events { id: 0, revs: vec![r2] }
+        ]
+    );
+}
+
+// ----- progress ---------------------------------------------------------------------------------
+
+/// Reliability finding 3: a progress answer must wait for every watch on the stream, including
+/// one whose relay is starting, ended, or restarting; and it is never below what the stream
+/// already vouched for.
+#[test]
+fn progress_waits_for_relays_that_start_end_and_restart() {
+    let mut w = World::new(World::cfg());
+    // Watch 0 on the cache; watch 1 from an old revision, relayed (the cache's window starts
+    // at 8).
+    w.cache.oldest = 8;
+    w.watch_prefix(0);
+    w.create("/registry/a1", "", 2, 0);
+    // etcd has not answered watch 1's create yet.
+    while let Some(m) = w.cache.inbox.pop_front() {
+        w.s.handle_cache(w.now, m);
+        w.outputs();
+    }
+    w.progress();
+    while let Some(m) = w.cache.inbox.pop_front() {
+        w.s.handle_cache(w.now, m);
+        w.outputs();
+    }
+    assert!(
+        !w.take().iter().any(|s| matches!(s, Seen::Progress { .. })),
+        "no answer while a relay is opening"
+    );
+    // The relay opens; then it breaks before answering (its end is what the session sees next).
+    let (relay, created) = w.etcd.inbox.pop_front().expect("created");
+    w.s.handle_relay(w.now, relay, created);
+    w.outputs();
+    w.etcd.inbox.clear();
+    w.etcd.relays.clear();
+    w.s.handle_relay(w.now, relay, RelayEvent::Ended { error: None, unavailable: true });
+    w.pump();
+    w.advance(50);
+    assert!(
+        !w.take().iter().any(|s| matches!(s, Seen::Progress { .. })),
+        "no answer for a watch between sources"
+    );
+    // The relay comes back and catches up; only then is progress answered, at a revision every
+    // watch has reached.
+    w.advance(3_000);
+    let seen = w.take();
+    let progress: Vec<u64> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Progress { id: -1, rev } => Some(*rev),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress, vec![w.h.rev], "{seen:?}");
+    let relayed = World::revs_of(&seen, 1);
+    assert_eq!(relayed, vec![2], "watch 1 got its one event before the answer: {seen:?}");
+    let at = seen.iter().position(|s| matches!(s, Seen::Progress { .. })).expect("answer");
+    let ev = seen.iter().position(|s| matches!(s, Seen::Events { id: 1, .. })).expect("event");
+    assert!(ev < at, "the event comes before the progress that vouches for it: {seen:?}");
+}
+
+#[test]
+fn progress_is_never_below_what_the_stream_vouched_for() {
+    let mut w = World::new(World::cfg());
+    w.cache.oldest = 8;
+    w.watch_prefix(0);
+    w.create("/registry/a1", "", 2, 0);
+    w.pump();
+    w.take();
+    // The cache is ahead of etcd's answers for the relay: etcd answers late, at a lower
+    // revision than the cached watch already got.
+    let rev = w.write(&["/registry/b"]);
+    w.pump();
+    assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
+    w.etcd.answers_progress = false;
+    w.progress();
+    w.pump();
+    w.advance(1_000);
+    assert!(
+        w.take().iter().all(|s| !matches!(s, Seen::Progress { .. })),
+        "no answer without the relay's"
+    );
+    w.etcd.answers_progress = true;
+    w.advance(1_000);
+    let progress: Vec<u64> = w
+        .take()
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Progress { id: -1, rev } => Some(*rev),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress, vec![rev]);
+}
+
+#[test]
+fn progress_on_an_idle_stream_and_with_cached_watches() {
+    let mut w = World::new(World::cfg());
+    w.progress();
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Progress { id: -1, rev: 10 }]);
+    w.watch_prefix(0);
+    w.pump();
+    w.take();
+    let rev = w.write(&["/registry/z"]);
+    w.progress();
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Events { id: 0, revs: vec![rev] }, Seen::Progress { id: -1, rev }]
+    );
+}
+
+#[test]
+fn periodic_progress_for_idle_cached_watches() {
+    let mut w = World::new(SessionConfig { progress_notify_interval_ms: 1_000, ..World::cfg() });
+    let mut c = etcd_client::proto::PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+    };
+    if let Some(PbWatchRequestUnion::CreateRequest(cr)) = c.request_union.as_mut() {
+        cr.key = PREFIX.as_bytes().to_vec();
+        cr.range_end = b"/registry0".to_vec();
+        cr.progress_notify = true;
+    }
+    w.request(c.request_union.expect("set"));
+    w.pump();
+    w.take();
+    w.advance(1_100);
+    assert_eq!(w.take(), vec![Seen::Progress { id: 0, rev: 10 }]);
+    // Events since the last tick: no notification at the next one.
+    w.advance(500);
+    let rev = w.write(&["/registry/q"]);
+    w.pump();
+    w.advance(600);
+    assert_eq!(w.take(), vec![Seen::Events { id: 0, revs: vec![rev] }]);
+    w.advance(1_000);
+    assert_eq!(w.take(), vec![Seen::Progress { id: 0, rev }]);
+}
+
+// ----- moving between cache and etcd ------------------------------------------------------------
+
+#[test]
+fn an_old_watch_goes_to_etcd_and_moves_back_onto_the_cache() {
+    let mut w = World::new(SessionConfig { rejoin_interval_ms: 100, ..World::cfg() });
+    w.cache.oldest = 8;
+    w.watch_prefix(3);
+    w.pump();
+    let seen = w.take();
+    assert_eq!(seen[0], Seen::Created { id: 0, canceled: false });
+    assert_eq!(World::revs_of(&seen, 0), (3..=10).collect::<Vec<_>>());
+    assert!(w.notes.contains(&Note::ServedFromEtcd));
+    // Caught up: the next rejoin check moves it onto the cache.
+    w.advance(150);
+    assert!(w.notes.contains(&Note::Rejoined), "{:?}", w.notes);
+    assert!(w.etcd.relays.is_empty(), "the relay is closed");
+    let r = w.write(&["/registry/n"]);
+    w.pump();
+    assert_eq!(World::revs_of(&w.take(), 0), vec![r]);
+}
+
+#[test]
+fn a_cached_watch_that_falls_out_of_the_window_resumes_from_etcd_without_a_gap() {
+    let mut w = World::new(World::cfg());
+    w.watch_prefix(0);
+    w.pump();
+    w.take();
+    let r1 = w.write(&["/registry/c1"]);
+    w.pump();
+    // The cache moves on without the watch (it fell behind and out of the window).
+    let tag = *w.s.by_tag.keys().next().expect("tag");
+    w.cache.watches.clear();
+    let r2 = w.h.put(&["/registry/c2"]);
+    let r3 = w.h.put(&["/registry/c3"]);
+    w.cache.rv = r3;
+    w.cache.oldest = r3 + 1;
+    w.cache.close(tag, CloseCause::Error);
+    w.pump();
+    assert_eq!(World::revs_of(&w.take(), 0), vec![r1, r2, r3]);
+}
+
+#[test]
+fn a_cached_watch_resumes_on_the_cache_after_a_relist_that_covers_it() {
+    let mut w = World::new(World::cfg());
+    w.watch_prefix(0);
+    w.pump();
+    w.take();
+    let tag = *w.s.by_tag.keys().next().expect("tag");
+    w.cache.watches.clear();
+    w.cache.close(tag, CloseCause::Reinitializing);
+    let r = w.h.put(&["/registry/r"]);
+    w.cache.rv = r;
+    w.pump();
+    assert_eq!(World::revs_of(&w.take(), 0), vec![r]);
+    assert!(!w.notes.contains(&Note::ServedFromEtcd));
+}
+
+// ----- etcd unreachable -------------------------------------------------------------------------
+
+/// Reliability finding 5: a create that must go to etcd while etcd is down is not refused: it
+/// is announced, and served once etcd is back, from the revision it was announced at.
+#[test]
+fn creates_while_etcd_is_down_wait_and_retry() {
+    let mut w = World::new(World::cfg());
+    w.etcd.go_down();
+    w.create("/other/k", "", 0, 0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    w.advance(2_000);
+    assert!(w.take().is_empty());
+    let opened = w.etcd.opened;
+    assert!(opened >= 2, "tried again: {opened}");
+    // etcd is back; a write to the key is delivered (nothing between the announcement and
+    // etcd's return is lost).
+    w.etcd.up = true;
+    let rev = w.write(&["/other/k"]);
+    w.advance(3_000);
+    assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
+}
+
+#[test]
+fn a_relayed_watch_whose_etcd_restarts_resumes_after_its_last_revision() {
+    let mut w = World::new(World::cfg());
+    w.create("/other/k", "", 0, 0);
+    w.pump();
+    w.take();
+    let r1 = w.write(&["/other/k"]);
+    w.pump();
+    w.etcd.go_down();
+    w.pump();
+    let r2 = w.h.put(&["/other/k"]);
+    w.etcd.up = true;
+    w.advance(3_000);
+    let r3 = w.write(&["/other/k"]);
+    w.pump();
+    assert_eq!(World::revs_of(&w.take(), 0), vec![r1, r2, r3]);
+}
+
+// ----- invalid requests -------------------------------------------------------------------------
+
+#[test]
+fn invalid_creates_are_refused_as_etcd_refuses_them() {
+    let mut w = World::new(World::cfg());
+    w.create("/b", "/a", 0, 0);
+    w.create("/a", "", -1, 0);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: -1, canceled: true }, Seen::Created { id: -1, canceled: true }]
+    );
+    // No id was used up.
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+}
