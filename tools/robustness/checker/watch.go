@@ -269,9 +269,10 @@ func (c *checker) watch(v *view) {
 		}
 	}
 	if v.st.Client == record.ClientV3 {
-		if createdCount > 1 || (createdCount == 0 && len(v.resps) > 0) {
+		onlyCancel := len(v.resps) == 1 && v.resps[0].Canceled
+		if createdCount > 1 || (createdCount == 0 && len(v.resps) > 0 && !onlyCancel) {
 			c.watchViolation(v, Created, 0, created, fmt.Sprintf("watch record %d: %d created responses (clientv3 with WithCreatedNotify passes exactly one)", v.rec.ID, createdCount))
-		} else if len(v.resps) > 0 && !v.resps[0].Created {
+		} else if len(v.resps) > 0 && !v.resps[0].Created && !onlyCancel {
 			c.watchViolation(v, Created, 0, v.resps[0], fmt.Sprintf("watch record %d: a response before its created response", v.rec.ID), "first "+v.resps[0].Describe(4, nil))
 		}
 	}

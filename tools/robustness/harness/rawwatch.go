@@ -395,6 +395,10 @@ func (sess *session) recvLoop(seed uint64) {
 			}
 			sess.cancelled[watchID] = true
 			after = func() { sess.sendCancel(watchID, "after server cancel") } // as clientv3 does
+			if lw.state == wsCancelling && !lw.resumeOnCancel {
+				lw.state = wsDropped
+				break
+			}
 			more := s.closedByServer(lw, compactRev)
 			first := after
 			after = func() { first(); more() }

@@ -108,6 +108,9 @@ func (s *v3Slot) read(ctx context.Context, w *v3watch, sr *streamRec, ch clientv
 	for resp := range ch {
 		pr := &pb.WatchResponse{Header: resp.Header, Events: resp.Events, CompactRevision: resp.CompactRevision,
 			Canceled: resp.Canceled, Created: resp.Created, CancelReason: resp.CancelReason}
+		if pr.Canceled && pr.CancelReason == "" && resp.Err() != nil {
+			pr.CancelReason = "clientv3: " + resp.Err().Error() // clientv3's own closing response
+		}
 		sr.mu.Lock()
 		rr := sr.recv(l.rec, pr)
 		last = *rr

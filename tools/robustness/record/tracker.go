@@ -23,8 +23,10 @@ type Outcome struct {
 	Watch int // the record, or -1
 	// OutCreated: the record that had been given the same id earlier on this stream, or -1.
 	ReusedFrom int
-	// OutStreamProgress: the records it speaks for (created before it, not closed, and not
-	// being cancelled by the client).
+	// OutStreamProgress: the records it speaks for: created before it at a lower header
+	// revision (etcd sends created responses and progress answers through two channels, so an
+	// answer computed before a create can arrive after its created response), not closed, and
+	// not being cancelled by the client.
 	Applies []int
 }
 
@@ -39,11 +41,12 @@ type Tracker struct {
 	cancelSent map[int]bool
 	// ids whose watch the server cancelled and the client cancelled afterwards (as clientv3
 	// does): etcd still holds the id in its stream and acknowledges that cancel.
-	lateAck map[int64]bool
+	lateAck    map[int64]bool
+	createdRev map[int]int64
 }
 
 func NewTracker() *Tracker {
-	return &Tracker{byID: map[int64]int{}, used: map[int64]int{}, cancelSent: map[int]bool{}, lateAck: map[int64]bool{}}
+	return &Tracker{byID: map[int64]int{}, used: map[int64]int{}, cancelSent: map[int]bool{}, lateAck: map[int64]bool{}, createdRev: map[int]int64{}}
 }
 
 // Create notes a create request sent for watch record w.
@@ -104,13 +107,14 @@ func (t *Tracker) Recv(r *Response) Outcome {
 			delete(t.cancelSent, old)
 		}
 		t.byID[r.WatchID] = w
+		t.createdRev[w] = r.Revision
 		delete(t.lateAck, r.WatchID)
 		return Outcome{Kind: OutCreated, Watch: w, ReusedFrom: prev}
 	}
 	if r.WatchID == -1 && r.IsProgressNotify() {
 		var applies []int
 		for _, w := range t.byID {
-			if !t.cancelSent[w] {
+			if !t.cancelSent[w] && t.createdRev[w] < r.Revision {
 				applies = append(applies, w)
 			}
 		}
@@ -128,7 +132,12 @@ func (t *Tracker) Recv(r *Response) Outcome {
 	if r.Canceled {
 		delete(t.byID, r.WatchID)
 		kind := OutServerCancel
-		if t.cancelSent[w] {
+		if r.CompactRevision != 0 {
+			// etcd's compaction cancel, even if the client had asked to cancel: its ack follows.
+			if t.cancelSent[w] {
+				t.lateAck[r.WatchID] = true
+			}
+		} else if t.cancelSent[w] {
 			kind = OutCancelAck
 		}
 		delete(t.cancelSent, w)
