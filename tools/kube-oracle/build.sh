@@ -77,7 +77,12 @@ EOF
   export GOFLAGS=-mod=readonly
 fi
 
-# 3. The binary (Go's build cache makes this quick after the first time).
+# 3. The binary (Go's build cache makes this quick after the first time; skipped when nothing
+# it is built from changed).
+if [ -x "$bin" ] && [ -z "$(find "$build/driver" "$build/apiserver/pkg/storage/cacher/zz_kube_oracle.go" -type f -newer "$bin" -print -quit)" ]; then
+  echo "kube-oracle-$profile: up to date (k8s.io/apiserver $apiserver)"
+  exit 0
+fi
 (cd "$build/driver" && "$GO" build -trimpath -o "$bin.tmp" .)
 mv "$bin.tmp" "$bin"
 echo "kube-oracle-$profile: k8s.io/apiserver $apiserver -> ${bin#$root/}"

@@ -6,10 +6,70 @@ package main
 // watchcache rejected it without effect.
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
 )
+
+// knownFields are the scenario fields the oracle understands, per op ("config" for the config).
+// watchcache refuses unknown fields, so a field missing here is one added to the format since:
+// the oracle refuses the scenario rather than ignore what it means.
+var knownFields = map[string][]string{
+	"config": {"profile", "capacity", "lower_bound_capacity", "upper_bound_capacity", "dynamic_capacity",
+		"event_fresh_ms", "bookmark_frequency_ms", "dispatch_tick_ms", "dispatch_tick_jitter",
+		"freshness_timeout_ms", "progress_request_interval_ms", "budget_refill_ms_per_s", "budget_max_ms",
+		"watch_chan_size", "index_field", "interval_buffer_size", "request_timeout_ms", "seed",
+		"watch_list", "consistent_list_from_cache", "resilient_initialization", "list_from_cache_snapshot",
+		"watch_from_storage_without_rv", "storage_supports_progress"},
+	"replace":       {"rv", "objects"},
+	"put":           {"rv", "object"},
+	"delete":        {"rv", "key"},
+	"txn":           {"rv", "ops"},
+	"progress":      {"rv"},
+	"storage_error": {"reason"},
+	"etcd_rv":       {"rv"},
+	"compact":       {"rv"},
+	"watch": {"id", "key", "recursive", "range_end", "rv", "send_initial_events", "allow_bookmarks",
+		"label_selector", "field_selector", "timeout_ms", "consume", "slow_policy", "queue_capacity"},
+	"consume":     {"id", "max"},
+	"credit":      {"id", "n"},
+	"stop_watch":  {"id"},
+	"list":        {"id", "key", "recursive", "rv", "rv_match", "limit", "continue", "label_selector", "field_selector"},
+	"get":         {"id", "key", "rv"},
+	"range":       {"id", "key", "range_end", "revision", "linearizable", "limit"},
+	"stop_cacher": {},
+	"advance":     {},
+}
+
+// unknownFields reports the first op or field the oracle does not know.
+func unknownFields(sc *scenario) error {
+	check := func(where string, m map[string]json.RawMessage, known []string, extra ...string) error {
+		ok := map[string]bool{}
+		for _, k := range append(known, extra...) {
+			ok[k] = true
+		}
+		for k := range m {
+			if !ok[k] {
+				return fmt.Errorf("%s: field %q is unknown to the oracle; teach tools/kube-oracle what it means in Kubernetes (counterpart.go)", where, k)
+			}
+		}
+		return nil
+	}
+	if err := check("config", sc.Config, knownFields["config"]); err != nil {
+		return err
+	}
+	for i, st := range sc.Steps {
+		known, ok := knownFields[st.Op]
+		if !ok {
+			return fmt.Errorf("steps[%d]: op %q is unknown to the oracle; teach tools/kube-oracle whether Kubernetes has a counterpart (counterpart.go)", i, st.Op)
+		}
+		if err := check(fmt.Sprintf("steps[%d] (%s)", i, st.Op), st.Raw, known, "at", "op"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // noCounterpart returns why the scenario as a whole has no Kubernetes counterpart ("" if it
 // has one) and the requests the oracle skips, with their reasons.

@@ -77,10 +77,10 @@ type client struct {
 	w       watch.Interface
 	open    bool // readable by the client
 	// why the watch ended, once known
-	cause      string
-	errorSeen  bool
-	stopNoted  bool
-	isCacheW   bool
+	cause     string
+	errorSeen bool
+	stopNoted bool
+	isCacheW  bool
 	// dlActive: the client's deadline still matters (a watch pending or open, a read pending)
 	dlActive bool
 }

@@ -79,6 +79,9 @@ func runCmd(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	if err := unknownFields(sc); err != nil {
+		return fail(err)
+	}
 	cfg, err := parseConfig(sc.Config, *profile)
 	if err != nil {
 		return fail(err)

@@ -124,4 +124,6 @@ func (kubeStorage) GuaranteedUpdate(context.Context, string, runtime.Object, boo
 	return fmt.Errorf("kube-oracle: GuaranteedUpdate is not used")
 }
 
-func (kubeStorage) Count(string) (int64, error) { return 0, fmt.Errorf("kube-oracle: Count is not used") }
+func (kubeStorage) Count(string) (int64, error) {
+	return 0, fmt.Errorf("kube-oracle: Count is not used")
+}

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"time"
 
-	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -151,7 +151,7 @@ func (kubeStorage) GuaranteedUpdate(context.Context, string, runtime.Object, boo
 func (kubeStorage) Stats(context.Context) (storage.Stats, error) {
 	return storage.Stats{}, fmt.Errorf("kube-oracle: Stats is not used")
 }
-func (kubeStorage) ReadinessCheck() error        { return nil }
+func (kubeStorage) ReadinessCheck() error                               { return nil }
 func (kubeStorage) EnableResourceSizeEstimation(storage.KeysFunc) error { return nil }
 func (s kubeStorage) GetCurrentResourceVersion(ctx context.Context) (uint64, error) {
 	return s.currentRV(ctx), nil
@@ -177,9 +177,11 @@ func (t *timedEvent) GetObjectMeta() metav1.Object {
 func (t *timedEvent) DeepCopyObject() runtime.Object {
 	return &timedEvent{Object: t.Object.DeepCopyObject(), at: t.at}
 }
-func (t *timedEvent) RecordTime() time.Time    { return t.at }
-func (t *timedEvent) Unwrap() runtime.Object   { return t.Object }
+func (t *timedEvent) RecordTime() time.Time  { return t.at }
+func (t *timedEvent) Unwrap() runtime.Object { return t.Object }
 
 var _ storage.WatchEventWithRecordTime = &timedEvent{}
 
-func stampEvent(obj runtime.Object, at time.Time) runtime.Object { return &timedEvent{Object: obj, at: at} }
+func stampEvent(obj runtime.Object, at time.Time) runtime.Object {
+	return &timedEvent{Object: obj, at: at}
+}
