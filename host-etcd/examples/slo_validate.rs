@@ -220,6 +220,10 @@ impl Server {
             format!("{}ms", c.bookmark_frequency_ms),
             "--web-dir".into(),
             "/nonexistent".into(),
+            // The simulator plays Kubernetes' cacher: a restarted cache's window starts at its
+            // list (watchcache's default loads etcd's recent history first).
+            "--backfill-revisions".into(),
+            "0".into(),
         ];
         if !c.dynamic_capacity {
             args.push("--fixed-capacity".into());

@@ -78,6 +78,11 @@ pub struct ReflectorOptions {
     /// reading etcd's watch stream (so a slow cache slows its own upstream watch, never
     /// memory without bound).
     pub inbox_revisions: usize,
+    /// On each (re)list, how many revisions of etcd's history to load into the window before
+    /// serving (so watchers resuming from them after a restart or relist are served from
+    /// memory). 0 lists at the current revision only, as Kubernetes' reflector does. At most
+    /// what the ring can hold is loaded.
+    pub backfill_revisions: u64,
 }
 
 impl Default for ReflectorOptions {
@@ -88,6 +93,7 @@ impl Default for ReflectorOptions {
             backoff_max: Duration::from_secs(2),
             max_message_bytes: 256 << 20,
             inbox_revisions: 1024,
+            backfill_revisions: 10_000,
         }
     }
 }

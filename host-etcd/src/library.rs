@@ -251,6 +251,14 @@ pub(crate) fn spawn_cache(
     shutdown: watch::Receiver<bool>,
 ) -> Result<Spawned, String> {
     let made = new_cache(prefix, config.clone(), clock, upstream.clone(), metrics.clone())?;
+    // Load no more history than the ring can hold.
+    let mut reflector = config.reflector.clone();
+    let ring = if config.core.dynamic_capacity {
+        config.core.upper_bound_capacity
+    } else {
+        config.core.capacity
+    };
+    reflector.backfill_revisions = reflector.backfill_revisions.min(ring as u64);
     let tasks = vec![
         tokio::spawn(made.task.run()),
         tokio::spawn(crate::reflector::run(
@@ -259,7 +267,7 @@ pub(crate) fn spawn_cache(
             made.storage_tx,
             made.ctl_rx,
             metrics.clone(),
-            config.reflector.clone(),
+            reflector,
             shutdown,
         )),
     ];

@@ -82,6 +82,11 @@ struct ServeArgs {
     /// Events queued per gRPC watcher before it falls behind and is replayed from the ring.
     #[arg(long, default_value_t = 1024)]
     grpc_queue: usize,
+    /// On each (re)list, load this many revisions of etcd's history into the window first, so
+    /// watchers resuming from them after a restart are served from memory (0: list at the
+    /// current revision only, as Kubernetes does).
+    #[arg(long, default_value_t = 10_000)]
+    backfill_revisions: u64,
     /// Idle watches that asked for progress notify get one this often (etcd: 10m).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     progress_notify_interval: std::time::Duration,
@@ -148,6 +153,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     cfg.listen_http = Some(a.listen_http);
     cfg.prefixes = a.prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.cache.progress_notify_interval = a.progress_notify_interval;
+    cfg.cache.reflector.backfill_revisions = a.backfill_revisions;
     cfg.auth_cache_ttl = a.auth_cache_ttl;
     cfg.web_dir = Some(a.web_dir.clone());
     cfg.upstream.endpoints = a.etcd_endpoints.clone();

@@ -125,14 +125,24 @@ pub(crate) async fn run(
         }
         // Drop stale requests: a fresh list answers them all.
         while ctl.try_recv().is_ok() {}
-        let rev = match list(&prefix, &upstream, &metrics, &opts).await {
-            Ok((rev, objects)) => {
-                debug!(prefix = %name, revision = rev, objects = objects.len(), "listed");
-                if cache.send(StorageMsg::Replace { rv: rev, objects }).await.is_err() {
+        let (rev, mut live) = match sync(&prefix, &upstream, &metrics, &opts).await {
+            Ok((msg, stream)) => {
+                let rev = match &msg {
+                    StorageMsg::Backfill { rv, revisions, objects, seen } => {
+                        debug!(prefix = %name, list_revision = rv, revisions = revisions.len(), objects = objects.len(), "listed with the recent history");
+                        (*seen).max(*rv)
+                    }
+                    StorageMsg::Replace { rv, objects } => {
+                        debug!(prefix = %name, revision = rv, objects = objects.len(), "listed");
+                        *rv
+                    }
+                    _ => 0,
+                };
+                if cache.send(msg).await.is_err() {
                     return;
                 }
                 backoff = opts.backoff_min;
-                rev
+                (rev, stream)
             }
             Err(e) => {
                 warn!(prefix = %name, error = %e, retry_in = ?backoff, "list failed");
@@ -154,6 +164,7 @@ pub(crate) async fn run(
                 &opts,
                 &mut next,
                 &mut shutdown,
+                live.take(),
             )
             .await;
             match end {
@@ -189,17 +200,166 @@ async fn sleep_or_shutdown(d: Duration, shutdown: &mut watch::Receiver<bool>) ->
     }
 }
 
-/// A paginated list of the prefix at one revision.
+/// The cache's starting point. With `backfill_revisions` (the default) it is the state at a
+/// revision S up to that many revisions back, plus etcd's history from S to its current
+/// revision, handed to the cache in one piece: the cache then opens with a window over the
+/// recent past, so that watchers resuming from a revision still in etcd's history (after a
+/// restart of watchcache, or a relist) are served from memory instead of each going to etcd.
+/// Without it (0: Kubernetes' own behaviour) it is a list at the current revision.
+///
+/// Cost on etcd: one count-free read of one key (the current revision), one paginated list at S
+/// (as costly as a list now), and one watch replaying at most `backfill_revisions` revisions of
+/// the prefix from etcd's history; when S is compacted, one more watch learns the compaction
+/// revision and the list is taken there.
+async fn sync(
+    prefix: &[u8],
+    upstream: &Upstream,
+    metrics: &HostMetrics,
+    opts: &ReflectorOptions,
+) -> Result<(StorageMsg, Option<UpWatch>), String> {
+    if opts.backfill_revisions == 0 {
+        let (rv, objects) = list(prefix, upstream, metrics, opts, 0).await.map_err(|e| e.0)?;
+        return Ok((StorageMsg::Replace { rv, objects }, None));
+    }
+    metrics.count_upstream_request("quorum_read");
+    let now = upstream.current_revision(prefix).await?;
+    let mut at = now.saturating_sub(opts.backfill_revisions).max(1);
+    let (rv, objects) = match list(prefix, upstream, metrics, opts, at).await {
+        Ok(x) => x,
+        Err(ListError(e, true)) => {
+            // S is compacted: etcd's compaction revision is where history starts.
+            let compacted = compaction_revision(prefix, upstream, metrics, at).await?;
+            debug!(error = %e, compacted, "the backfill's start is compacted; starting at the compaction");
+            at = compacted.max(at);
+            list(prefix, upstream, metrics, opts, at).await.map_err(|e| e.0)?
+        }
+        Err(ListError(e, false)) => return Err(e),
+    };
+    if rv >= now {
+        return Ok((StorageMsg::Replace { rv, objects }, None));
+    }
+    let (revisions, seen, stream) = history(prefix, upstream, metrics, opts, rv + 1, now).await?;
+    Ok((StorageMsg::Backfill { rv, objects, revisions, seen }, Some(stream)))
+}
+
+/// etcd's compaction revision, from the cancel of a watch that starts below it (etcd names it
+/// in `compact_revision`).
+async fn compaction_revision(
+    prefix: &[u8],
+    upstream: &Upstream,
+    metrics: &HostMetrics,
+    below: u64,
+) -> Result<u64, String> {
+    let (key, end) = prefix_range(prefix);
+    metrics.count_upstream_request("watch");
+    let mut client = upstream.client.watch_client();
+    let opts = WatchOptions::new().with_range(end).with_start_revision(below as i64);
+    let mut stream = client.watch(key, Some(opts)).await.map_err(|e| e.to_string())?;
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .map_err(|_| "etcd did not answer a watch".to_owned())?
+            .map_err(|e| e.to_string())?
+            .ok_or("etcd closed a watch")?;
+        if resp.compact_revision() > 0 {
+            return Ok(resp.compact_revision() as u64);
+        }
+        if resp.canceled() || !resp.events().is_empty() {
+            // Not compacted after all (a compaction raced the list): start where we were.
+            return Ok(below);
+        }
+    }
+}
+
+/// etcd's history of the prefix from `from` through at least `until`, whole revisions, the
+/// revision up to which it is complete, and the watch itself (it goes on as the live watch:
+/// one etcd watch per list).
+async fn history(
+    prefix: &[u8],
+    upstream: &Upstream,
+    metrics: &HostMetrics,
+    opts: &ReflectorOptions,
+    from: u64,
+    until: u64,
+) -> Result<(Vec<(u64, Vec<Change>)>, u64, UpWatch), String> {
+    let (mut sender, mut stream) = open_watch(prefix, upstream, metrics, opts, from).await?;
+    let mut out: Vec<(u64, Vec<Change>)> = Vec::new();
+    let mut seen = from.saturating_sub(1);
+    // etcd drops a progress request while the watcher is still catching up: ask every 100 ms
+    // until it answers (an idle prefix has no events to show that `until` is reached).
+    let mut ask = tokio::time::interval(Duration::from_millis(100));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while seen < until {
+        let m = tokio::select! {
+            _ = ask.tick() => {
+                metrics.count_upstream_request("progress");
+                sender.request_progress().await.map_err(|e| e.to_string())?;
+                continue;
+            }
+            _ = tokio::time::sleep_until(deadline) => return Err("etcd's history did not arrive in 60 s".into()),
+            m = stream.message() => m,
+        };
+        let resp = m.map_err(|e| e.to_string())?.ok_or("etcd closed the history watch")?;
+        if resp.compact_revision() > 0 {
+            return Err(format!("etcd compacted the history at {}", resp.compact_revision()));
+        }
+        if resp.canceled() {
+            return Err(format!("etcd canceled the history watch: {}", resp.cancel_reason()));
+        }
+        if resp.created() {
+            continue;
+        }
+        if resp.events().is_empty() {
+            if let Some(h) = resp.header() {
+                seen = seen.max(h.revision().max(0) as u64);
+            }
+            continue;
+        }
+        for (rev, changes) in revisions_of(resp.events()) {
+            if rev > seen {
+                seen = rev;
+                out.push((rev, changes));
+            }
+        }
+    }
+    Ok((out, seen, (sender, stream)))
+}
+
+/// An open etcd watch: its request and response halves.
+type UpWatch = (etcd_client::WatchRequestSender, etcd_client::WatchResponseStream);
+
+/// The reflector's watch of the prefix from `from`, with progress notify.
+async fn open_watch(
+    prefix: &[u8],
+    upstream: &Upstream,
+    metrics: &HostMetrics,
+    opts: &ReflectorOptions,
+    from: u64,
+) -> Result<UpWatch, String> {
+    let (key, end) = prefix_range(prefix);
+    let wopts =
+        WatchOptions::new().with_range(end).with_start_revision(from as i64).with_progress_notify();
+    metrics.count_upstream_request("watch");
+    let mut client =
+        upstream.client.watch_client().max_decoding_message_size(opts.max_message_bytes);
+    Ok(client.watch(key, Some(wopts)).await.map_err(|e| e.to_string())?.split())
+}
+
+/// A failed list, and whether etcd said the revision is compacted.
+struct ListError(String, bool);
+
+/// A paginated list of the prefix at one revision (0 = the current one).
 async fn list(
     prefix: &[u8],
     upstream: &Upstream,
     metrics: &HostMetrics,
     opts: &ReflectorOptions,
-) -> Result<(u64, Vec<Object>), String> {
+    at: u64,
+) -> Result<(u64, Vec<Object>), ListError> {
     let (start, end) = prefix_range(prefix);
     let mut kv = upstream.client.kv_client().max_decoding_message_size(opts.max_message_bytes);
     let mut key = start;
-    let mut rev = 0i64;
+    let mut rev = at as i64;
     let mut objects = Vec::new();
     loop {
         let mut o = GetOptions::new().with_range(end.clone()).with_limit(opts.page_size);
@@ -207,9 +367,15 @@ async fn list(
             o = o.with_revision(rev);
         }
         metrics.count_upstream_request("list");
-        let mut resp = kv.get(key.clone(), Some(o)).await.map_err(|e| e.to_string())?;
+        let mut resp = kv.get(key.clone(), Some(o)).await.map_err(|e| {
+            let text = e.to_string();
+            let compacted = text.contains("required revision has been compacted");
+            ListError(text, compacted)
+        })?;
         if rev == 0 {
-            let h = resp.header().ok_or("no header in etcd's list answer")?;
+            let h = resp
+                .header()
+                .ok_or_else(|| ListError("no header in etcd's list answer".into(), false))?;
             rev = h.revision();
             upstream.note_header(h.cluster_id(), h.member_id(), h.raft_term());
         }
@@ -237,26 +403,23 @@ async fn watch_from(
     opts: &ReflectorOptions,
     next: &mut u64,
     shutdown: &mut watch::Receiver<bool>,
+    open: Option<UpWatch>,
 ) -> WatchEnd {
-    let (key, end) = prefix_range(prefix);
-    let wopts = WatchOptions::new()
-        .with_range(end)
-        .with_start_revision(*next as i64)
-        .with_progress_notify();
-    metrics.count_upstream_request("watch");
-    let mut client =
-        upstream.client.watch_client().max_decoding_message_size(opts.max_message_bytes);
-    let stream = tokio::select! {
-        s = client.watch(key, Some(wopts)) => s,
-        _ = shutdown.changed() => return WatchEnd::Shutdown,
-    };
-    let stream = match stream {
-        Ok(s) => s,
-        Err(e) => return WatchEnd::Broken(e.to_string()),
+    let (mut sender, mut responses) = match open {
+        Some(w) => w,
+        None => {
+            let stream = tokio::select! {
+                s = open_watch(prefix, upstream, metrics, opts, *next) => s,
+                _ = shutdown.changed() => return WatchEnd::Shutdown,
+            };
+            match stream {
+                Ok(s) => s,
+                Err(e) => return WatchEnd::Broken(e),
+            }
+        }
     };
     metrics.upstream_watch(1);
     let _guard = Gauge(metrics);
-    let (mut sender, mut responses) = stream.split();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return WatchEnd::Shutdown,

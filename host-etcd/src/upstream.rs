@@ -201,12 +201,14 @@ impl Upstream {
         }
     }
 
-    /// etcd's current revision, by a linearizable count-only read of `prefix` (a quorum read,
-    /// as Kubernetes' `GetCurrentResourceVersionFromStorage`).
+    /// etcd's current revision, by a linearizable read of one key (a quorum read, as
+    /// Kubernetes' `GetCurrentResourceVersionFromStorage`, at constant cost).
     pub async fn current_revision(&self, prefix: &[u8]) -> Result<u64, String> {
         let mut kv = self.client.kv_client();
-        let (key, end) = crate::keys::prefix_range(prefix);
-        let opts = etcd_client::GetOptions::new().with_range(end).with_count_only().with_limit(1);
+        // One key (the prefix itself, inside the range the cache may read): the header
+        // revision is the store's, and the read costs etcd the same whatever the store holds.
+        let key = if prefix.is_empty() { vec![0] } else { prefix.to_vec() };
+        let opts = etcd_client::GetOptions::new().with_count_only();
         let resp = kv.get(key, Some(opts)).await.map_err(|e| e.to_string())?;
         let h = resp.header().ok_or("no header in etcd's answer")?;
         self.note_header(h.cluster_id(), h.member_id(), h.raft_term());

@@ -156,11 +156,31 @@ pub(crate) enum Cmd {
 /// What the reflector tells its cache.
 #[derive(Debug)]
 pub(crate) enum StorageMsg {
-    Replace { rv: u64, objects: Vec<Object> },
-    Revision { rv: u64, changes: Vec<Change> },
-    Progress { rv: u64 },
-    Error { reason: String },
-    Compacted { rv: u64 },
+    Replace {
+        rv: u64,
+        objects: Vec<Object>,
+    },
+    /// A list at `rv` and etcd's history after it, applied at once: the cache opens with a
+    /// window over that history.
+    Backfill {
+        rv: u64,
+        objects: Vec<Object>,
+        revisions: Vec<(u64, Vec<Change>)>,
+        seen: u64,
+    },
+    Revision {
+        rv: u64,
+        changes: Vec<Change>,
+    },
+    Progress {
+        rv: u64,
+    },
+    Error {
+        reason: String,
+    },
+    Compacted {
+        rv: u64,
+    },
 }
 
 /// What the cache asks of its reflector.
@@ -683,6 +703,25 @@ impl CacheTask {
                 let r = self.cacher.handle_replace(now, rv, objects);
                 if r.is_ok() {
                     info!(prefix = %String::from_utf8_lossy(&self.prefix), revision = rv, objects = n, "cache initialised from a list");
+                }
+                r
+            }
+            StorageMsg::Backfill { rv, objects, revisions, seen } => {
+                let n = (objects.len(), revisions.len());
+                // No client is served in between: the cache opens at the end of the history.
+                let mut r = self.cacher.handle_replace(now, rv, objects);
+                for (rev, changes) in revisions {
+                    if r.is_err() {
+                        break;
+                    }
+                    r = self.cacher.handle_revision(now, rev, changes);
+                }
+                // etcd's progress: nothing else happened to the prefix up to `seen`.
+                if r.is_ok() && seen > self.cacher.resource_version() {
+                    r = self.cacher.handle_progress(now, seen);
+                }
+                if r.is_ok() {
+                    info!(prefix = %String::from_utf8_lossy(&self.prefix), list_revision = rv, objects = n.0, revisions = n.1, revision = self.cacher.resource_version(), "cache initialised from a list and etcd's recent history");
                 }
                 r
             }

@@ -1,0 +1,97 @@
+//! A restart of watchcache without a storm on etcd: the new cache loads etcd's recent history
+//! into its window before serving (`ReflectorOptions::backfill_revisions`), so watchers
+//! resuming from the revisions they had reached are served from memory — each event once, and
+//! no watch of theirs reaches etcd. With the backfill off (Kubernetes' behaviour), every
+//! resuming watcher goes to etcd.
+
+mod support;
+
+use std::time::Duration;
+
+use etcd_client::WatchOptions;
+use host_etcd::{EtcdOptions, Server};
+use support::conformance::{check, collect, history, Recorded};
+use support::Env;
+
+const WATCHERS: usize = 40;
+
+async fn restart_with(backfill: u64) -> (usize, f64) {
+    let mut env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.cache.reflector.backfill_revisions = backfill;
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let mut last = 0;
+    for i in 0..300 {
+        last = direct
+            .put(format!("/r/k{}", i % 30), format!("v{i}"), None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+    }
+    env.wait_cache_rev(last).await;
+    // Each watcher had reached some revision of the last 200 when the cache went away.
+    let resume_from: Vec<i64> = (0..WATCHERS).map(|i| last - 200 + (i as i64 * 5) + 1).collect();
+    env.stop_server().await;
+    for i in 0..20 {
+        last = direct
+            .put(format!("/r/k{i}"), "after", None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+    }
+    let before = env.etcd_metric("etcd_debugging_mvcc_watch_stream_total", "").await;
+    let server = Server::start(env.cfg.clone()).await.expect("restart");
+    assert!(server.wait_ready(Duration::from_secs(20)).await);
+    env.server = Some(server);
+    let mut cached = env.cached().await;
+    let mut recs = Vec::new();
+    for (i, from) in resume_from.iter().enumerate() {
+        let mut s = cached
+            .watch("/r/", Some(WatchOptions::new().with_prefix().with_start_revision(*from)))
+            .await
+            .expect("watch");
+        let mut rec = Recorded {
+            name: format!("w{i}"),
+            key: b"/r/".to_vec(),
+            range_end: b"/r0".to_vec(),
+            start_rev: *from,
+            ..Default::default()
+        };
+        collect(&mut s, &mut rec, last, Duration::from_secs(20)).await;
+        recs.push((s, rec));
+    }
+    let hist = history(&mut direct, last).await;
+    let mut violations = Vec::new();
+    for (_, rec) in &recs {
+        assert!(rec.last_rev() >= last, "{} stuck at {}", rec.name, rec.last_rev());
+        violations.extend(check(&hist, rec));
+    }
+    assert!(violations.is_empty(), "{violations:?}");
+    let streams = env.etcd_metric("etcd_debugging_mvcc_watch_stream_total", "").await - before;
+    let relayed = env.server().metrics().watches().1 as usize;
+    if backfill > 0 {
+        // What the restart cost etcd: one list (one page here), one watch (the history watch
+        // goes on as the live one), one read of the current revision.
+        let m = env.server().metrics();
+        assert_eq!((m.upstream_requests("list"), m.upstream_requests("watch")), (1, 1));
+    }
+    drop(recs);
+    (relayed, streams)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_cache_serves_resuming_watchers_from_etcds_history() {
+    let (relayed, _) = restart_with(10_000).await;
+    assert_eq!(relayed, 0, "every resuming watcher is served from the backfilled window");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_backfill_every_resuming_watcher_goes_to_etcd() {
+    let (relayed, _) = restart_with(0).await;
+    assert_eq!(relayed, WATCHERS, "Kubernetes' behaviour: the new window starts at the list");
+}
