@@ -21,7 +21,7 @@
 //! | `watch`, `reads` | `Cacher.Watch`, `Cacher.Get/GetList`, `delegator.go` |
 //! | `selector` | apimachinery's `labels` and `fields` selectors |
 //! | `continue_token` | `storage/continue.go` |
-//! | `replay` | the scenario replayer (feature `serde`) |
+//! | `replay` | the scenario replayer, and the driver, request specs, output items and config/metrics lists that the Python and JS bindings share with it (feature `serde`) |
 //! | `simulate` | a client-go-driven cacher: hours of writes, watchers, disconnects, compactions and restarts, run against the real [`Cacher`] (its JSON form with feature `serde`) |
 //!
 //! ## The run loop

@@ -13,8 +13,9 @@
 //! It is a driver, not a model: every event, bookmark, 410, termination and relist in the report
 //! is what the real [`Cacher`] did, through its public API only (`handle_*`, `start_watch`,
 //! `consume`, `stop_watch`, `list`, `poll_output`, `poll_timeout`/`handle_timeout`). It must
-//! never reach into the cacher's internals, read a clock, or draw randomness other than the
-//! core's seeded generator: the same workload gives the same report, byte for byte, everywhere.
+//! never reach into the cacher's internals, read a clock, or draw randomness other than its own
+//! seeded generator (SplitMix64 from the workload's seed): the same workload gives the same
+//! report, byte for byte, everywhere.
 //!
 //! What the simulation assumes (the model around the cacher, not the cacher):
 //! - etcd holds `writes.keys` objects, created at revisions 1..=keys before time 0. A write
@@ -100,17 +101,12 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use crate::cacher::Cacher;
-use crate::config::Config;
-use crate::key::{Key, KeyRange};
-use crate::object::{Attrs, Object};
-use crate::output::{CloseCause, Output, ReadOutcome, RequestId, WatchEvent};
-use crate::ready::ReadyState;
-use crate::request::{ConsumeMode, ListRequest, SlowPolicy, WatchRequest};
-use crate::rng::Rng;
-use crate::rv::RvParam;
-use crate::selector::Selector;
-use crate::time::Timestamp;
+// A client of the core: only its public API, as a host outside the crate would use it.
+use crate::{
+    Attrs, Cacher, CloseCause, Config, ConsumeMode, Key, KeyRange, ListRequest, Object, Output,
+    ReadOutcome, ReadyState, RequestId, RvParam, Selector, SlowPolicy, Timestamp, WatchEvent,
+    WatchRequest,
+};
 
 // ----- the workload ------------------------------------------------------------------------------
 
@@ -1312,6 +1308,34 @@ fn ms(s: f64) -> u64 {
     libm::round(s * 1000.0) as u64
 }
 
+/// The simulation's randomness (the world's, not the cacher's): SplitMix64 from the workload's
+/// seed, the generator the core uses for its dispatch-tick jitter, kept separate so that the
+/// simulator needs nothing private of the core.
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform integer in `0..=max`.
+    fn up_to(&mut self, max: u64) -> u64 {
+        if max == u64::MAX {
+            return self.next_u64();
+        }
+        self.next_u64() % (max + 1)
+    }
+}
+
 /// Uniform in [0, 1).
 fn unit(rng: &mut Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
@@ -1506,8 +1530,9 @@ mod json {
     use super::{
         Burst, Delay, Disconnects, Etcd, Report, Restart, Watchers, Workload, WorkloadError, Writes,
     };
-    use crate::replay::{kind_of, parse_config, Fields, ScenarioError};
-    use crate::request::SlowPolicy;
+    use crate::replay::json::{kind_of, Fields};
+    use crate::replay::{parse_config, ScenarioError};
+    use crate::SlowPolicy;
 
     impl From<ScenarioError> for WorkloadError {
         fn from(e: ScenarioError) -> WorkloadError {
