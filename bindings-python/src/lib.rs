@@ -1,17 +1,19 @@
 //! `watchcache._core`: the watch cache core for Python.
 //!
-//! A thin layer over `cacher-core`: argument conversion (with `TypeError`s that name the
-//! argument), the error mapping to the exception classes of `watchcache._errors`, and output
-//! objects. All behaviour lives in the core; nothing here decides anything.
+//! A thin layer over `cacher-core`'s driver (`cacher_core::replay`): argument conversion (with
+//! `TypeError`s that name the argument), the error mapping to the exception classes of
+//! `watchcache._errors`, and the output items as Python objects. The run loop, the request
+//! parsing, the output items and the config and metric names are the core's, shared with the
+//! JS binding; nothing here decides anything.
 
-use std::collections::VecDeque;
-
-use cacher_core::replay::{self as core_replay, Record, ScenarioError};
+use cacher_core::replay::{
+    self as core_replay, config_fields, metrics_fields, AdvanceError, Driver, FieldValue, GetSpec,
+    KeySpec, ListSpec, OutputItem, RangeSpec, Record, ScenarioError, WatchSpec,
+};
 use cacher_core::simulate as core_simulate;
 use cacher_core::{
-    Attrs, Cacher as CoreCacher, Change, CloseCause, Config, ConsumeMode, GetRequest, Key,
-    KeyRange, ListRequest, Object, Output, ReadOutcome, RequestId, RvMatch, RvParam, Selector,
-    SlowPolicy, Status, StorageError, Timestamp, WatchEvent, WatchRequest,
+    Attrs, Change, Config, Key, Object, RangeOutcome, ReadOutcome, RequestId, Status, StorageError,
+    WatchEvent,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -141,29 +143,25 @@ fn object_of(arg: &str, v: &Bound<'_, PyAny>, default_rv: u64) -> PyResult<Objec
     Ok(Object::new(&key, value.as_deref(), rv).with_attrs(Attrs::new(labels, fields)))
 }
 
-fn rv_param(py: Python<'_>, rv: &Bound<'_, PyAny>) -> PyResult<RvParam> {
-    let s = if rv.is_none() {
-        String::new()
-    } else if let Ok(s) = rv.cast::<PyString>() {
-        s.to_cow()?.into_owned()
-    } else if let Ok(n) = rv.extract::<u64>() {
-        n.to_string()
-    } else {
-        return Err(type_error("rv", "str or non-negative int", rv));
-    };
-    RvParam::parse(&s).map_err(|st| status_error(py, &st))
-}
-
-fn selector(py: Python<'_>, labels: &str, fields: &str) -> PyResult<Selector> {
-    Selector::parse(labels, fields).map_err(|st| status_error(py, &st))
+/// A resourceVersion argument as the text a client sends (None: unset); parsed by the core.
+fn rv_text(rv: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    match rv {
+        None => Ok(String::new()),
+        Some(rv) if rv.is_none() => Ok(String::new()),
+        Some(rv) => {
+            if let Ok(s) = rv.cast::<PyString>() {
+                Ok(s.to_cow()?.into_owned())
+            } else if let Ok(n) = rv.extract::<u64>() {
+                Ok(n.to_string())
+            } else {
+                Err(type_error("rv", "str or non-negative int", rv))
+            }
+        }
+    }
 }
 
 fn py_opt(v: Option<u64>) -> String {
     v.map_or_else(|| String::from("None"), |v| v.to_string())
-}
-
-fn now(ms: u64) -> Timestamp {
-    Timestamp::from_millis(ms)
 }
 
 // ----- conversions out ---------------------------------------------------------------------------
@@ -322,36 +320,42 @@ fn scenario_value(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<serde_json::
 
 // ----- replay --------------------------------------------------------------------------------------
 
+/// A scenario or workload argument: JSON text, or a dict converted straight to JSON.
+enum JsonInput {
+    Text(String),
+    Value(serde_json::Value),
+}
+
+fn json_input(py: Python<'_>, arg: &str, v: &Bound<'_, PyAny>) -> PyResult<JsonInput> {
+    if let Ok(s) = v.cast::<PyString>() {
+        Ok(JsonInput::Text(s.to_cow()?.into_owned()))
+    } else if v.cast::<PyDict>().is_ok() {
+        scenario_value(py, v).map(JsonInput::Value)
+    } else {
+        Err(type_error(arg, "a dict or a JSON string", v))
+    }
+}
+
+fn scenario_trace(py: Python<'_>, scenario: &Bound<'_, PyAny>) -> PyResult<Vec<Record>> {
+    let trace = match json_input(py, "scenario", scenario)? {
+        JsonInput::Text(text) => py.detach(|| core_replay::replay_str(&text)),
+        JsonInput::Value(value) => py.detach(|| core_replay::replay(&value)),
+    };
+    trace.map_err(|e| scenario_error(py, &e))
+}
+
 /// Replays a scenario (a dict, or its JSON text) and returns its trace as a list of dicts,
 /// the same records as the Rust replayer's, in the same order.
 #[pyfunction]
 fn replay<'py>(py: Python<'py>, scenario: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-    let trace = if let Ok(s) = scenario.cast::<PyString>() {
-        let text = s.to_cow()?.into_owned();
-        py.detach(|| core_replay::replay_str(&text)).map_err(|e| scenario_error(py, &e))?
-    } else if scenario.cast::<PyDict>().is_ok() {
-        let value = scenario_value(py, scenario)?;
-        py.detach(|| core_replay::replay(&value)).map_err(|e| scenario_error(py, &e))?
-    } else {
-        return Err(type_error("scenario", "a dict or a JSON string", scenario));
-    };
-    trace_list(py, &trace)
+    trace_list(py, &scenario_trace(py, scenario)?)
 }
 
 /// Replays a scenario and returns the trace as JSON text, byte for byte what
 /// `watchcache replay FILE` prints (the golden-file format).
 #[pyfunction]
 fn replay_json(py: Python<'_>, scenario: &Bound<'_, PyAny>) -> PyResult<String> {
-    let trace = if let Ok(s) = scenario.cast::<PyString>() {
-        let text = s.to_cow()?.into_owned();
-        py.detach(|| core_replay::replay_str(&text)).map_err(|e| scenario_error(py, &e))?
-    } else if scenario.cast::<PyDict>().is_ok() {
-        let value = scenario_value(py, scenario)?;
-        core_replay::replay(&value).map_err(|e| scenario_error(py, &e))?
-    } else {
-        return Err(type_error("scenario", "a dict or a JSON string", scenario));
-    };
-    Ok(core_replay::trace_to_json(&trace))
+    Ok(core_replay::trace_to_json(&scenario_trace(py, scenario)?))
 }
 
 // ----- simulate ------------------------------------------------------------------------------------
@@ -380,14 +384,9 @@ fn replay_json(py: Python<'_>, scenario: &Bound<'_, PyAny>) -> PyResult<String> 
 /// watchcache._errors.ScenarioError: writes.rate_per_s: must be a non-negative number, got -1
 #[pyfunction]
 fn simulate<'py>(py: Python<'py>, workload: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let result = if let Ok(s) = workload.cast::<PyString>() {
-        let text = s.to_cow()?.into_owned();
-        py.detach(|| core_simulate::simulate_str(&text))
-    } else if workload.cast::<PyDict>().is_ok() {
-        let value = scenario_value(py, workload)?;
-        py.detach(|| core_simulate::simulate(&value))
-    } else {
-        return Err(type_error("workload", "a dict or a JSON string", workload));
+    let result = match json_input(py, "workload", workload)? {
+        JsonInput::Text(text) => py.detach(|| core_simulate::simulate_str(&text)),
+        JsonInput::Value(value) => py.detach(|| core_simulate::simulate(&value)),
     };
     let report = result
         .map_err(|e| make_error(py, "ScenarioError", 400, "BadRequest", &e.to_string(), None))?;
@@ -474,6 +473,13 @@ macro_rules! output_class {
                 PyTuple::new(py, ["at" $(, stringify!($field))*]).map(Bound::unbind)
             }
 
+            /// The output's type, as in the trace and in JS.
+            #[getter]
+            #[pyo3(name = "type")]
+            fn type_str(&self) -> &'static str {
+                $ty
+            }
+
             /// The record as a dict (the trace's field names).
             fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
                 let d = PyDict::new(py);
@@ -512,7 +518,9 @@ output_class!(
     /// Status reason (Expired, Timeout, InternalError).
     reason: &'static str,
     /// Status message.
-    message: String
+    message: String,
+    /// Retry-After, in seconds.
+    retry_after_s: Option<u32>
 });
 output_class!(
     /// The end of a watch.
@@ -532,7 +540,9 @@ output_class!(
     /// The watch's id.
     id: u64,
     /// Why.
-    reason: &'static str
+    reason: &'static str,
+    /// "storage".
+    source: &'static str
 });
 output_class!(
     /// A request that failed (not started, or a list/get that failed).
@@ -588,7 +598,7 @@ impl WatchError {
         let st = Status {
             reason: reason_of(self.reason),
             message: self.message.clone(),
-            retry_after_s: None,
+            retry_after_s: self.retry_after_s,
         };
         status_error(py, &st).into_value(py).into_any()
     }
@@ -733,6 +743,13 @@ struct RangeResult {
 
 #[pymethods]
 impl RangeResult {
+    /// "RANGE".
+    #[getter]
+    #[pyo3(name = "type")]
+    fn type_str(&self) -> &'static str {
+        "RANGE"
+    }
+
     #[classattr]
     fn __match_args__() -> (&'static str, &'static str, &'static str, &'static str, &'static str) {
         ("at", "id", "source", "rv", "items")
@@ -759,39 +776,7 @@ impl RangeResult {
     }
 }
 
-fn range_result(
-    py: Python<'_>,
-    at: u64,
-    id: RequestId,
-    outcome: &cacher_core::RangeOutcome,
-) -> PyResult<RangeResult> {
-    Ok(match outcome {
-        cacher_core::RangeOutcome::Storage { reason } => RangeResult {
-            at,
-            id: id.0,
-            source: "storage",
-            reason,
-            rv: None,
-            items: PyTuple::empty(py).unbind(),
-            count: None,
-            more: None,
-        },
-        cacher_core::RangeOutcome::Cache(r) => {
-            let items: Vec<Py<Item>> =
-                r.items.iter().map(|o| Py::new(py, item_of(py, o)?)).collect::<PyResult<_>>()?;
-            RangeResult {
-                at,
-                id: id.0,
-                source: "cache",
-                reason: r.reason,
-                rv: Some(r.header_rv),
-                items: PyTuple::new(py, items)?.unbind(),
-                count: Some(r.count),
-                more: Some(r.more),
-            }
-        }
-    })
-}
+// ----- output items as Python objects -------------------------------------------------------------
 
 fn item_of(py: Python<'_>, o: &Object) -> PyResult<Item> {
     let labels = PyDict::new(py);
@@ -813,131 +798,141 @@ fn item_of(py: Python<'_>, o: &Object) -> PyResult<Item> {
     })
 }
 
+fn items_of<'a>(
+    py: Python<'_>,
+    objects: impl Iterator<Item = &'a std::sync::Arc<Object>>,
+) -> PyResult<Py<PyTuple>> {
+    let items: Vec<Py<Item>> =
+        objects.map(|o| Py::new(py, item_of(py, o)?)).collect::<PyResult<_>>()?;
+    Ok(PyTuple::new(py, items)?.unbind())
+}
+
 fn watch_item(py: Python<'_>, at: u64, id: RequestId, e: &WatchEvent) -> PyResult<WatchItem> {
-    let (key, value, end) = match e {
-        WatchEvent::Bookmark { initial_events_end, .. } => (None, None, *initial_events_end),
-        _ => {
-            let o = e.object();
-            (
-                o.map(|o| text(py, Some(o.key()))).transpose()?.map(Bound::unbind),
-                o.and_then(|o| o.value())
-                    .map(|v| text(py, Some(v)))
-                    .transpose()?
-                    .map(Bound::unbind),
-                false,
-            )
-        }
-    };
+    let o = e.object();
     Ok(WatchItem {
         at,
         id: id.0,
         r#type: e.type_str(),
-        key,
+        key: o.map(|o| text(py, Some(o.key()))).transpose()?.map(Bound::unbind),
         rv: e.rv(),
-        value,
-        initial_events_end: end,
+        value: o.and_then(|o| o.value()).map(|v| text(py, Some(v))).transpose()?.map(Bound::unbind),
+        initial_events_end: matches!(e, WatchEvent::Bookmark { initial_events_end: true, .. }),
     })
 }
 
-fn read_result(
-    py: Python<'_>,
-    at: u64,
-    id: RequestId,
-    kind: &'static str,
-    outcome: &ReadOutcome,
-) -> PyResult<ReadResult> {
-    Ok(match outcome {
-        ReadOutcome::Storage { reason } => ReadResult {
-            at,
-            id: id.0,
-            r#type: kind,
-            source: "storage",
-            reason,
-            rv: None,
-            items: PyTuple::empty(py).unbind(),
-            continue_token: None,
-            remaining: None,
-        },
-        ReadOutcome::Cache(r) => {
-            let items: Vec<Py<Item>> =
-                r.items.iter().map(|o| Py::new(py, item_of(py, o)?)).collect::<PyResult<_>>()?;
-            ReadResult {
-                at,
-                id: id.0,
-                r#type: kind,
-                source: "cache",
-                reason: r.reason,
-                rv: Some(r.rv),
-                items: PyTuple::new(py, items)?.unbind(),
-                continue_token: r.continue_token.clone(),
-                remaining: r.remaining,
-            }
+/// The Python object of one output item (the core's model; JS maps the same one).
+fn output_object(py: Python<'_>, item: OutputItem) -> PyResult<Py<PyAny>> {
+    let obj = match item {
+        OutputItem::Event { at, watch, event } => {
+            watch_item(py, at, watch, &event)?.into_py_any(py)?
         }
-    })
-}
-
-fn close_cause(c: CloseCause) -> &'static str {
-    c.as_str()
-}
-
-/// Appends the Python objects of one core output (a fan-out becomes one item per watcher).
-fn outputs_of(py: Python<'_>, at: u64, out: &Output, sink: &Bound<'_, PyList>) -> PyResult<()> {
-    match out {
-        Output::Fanout { event, targets } => {
-            for (id, kind) in targets.iter() {
-                let e = WatchEvent::Change(*kind, event.clone());
-                sink.append(watch_item(py, at, *id, &e)?)?;
-            }
+        OutputItem::Started { at, watch, rv, initial } => {
+            WatchStarted { at, id: watch.0, rv, initial: initial.as_str() }.into_py_any(py)?
         }
-        Output::Deliver { watch, events } => {
-            for e in events {
-                sink.append(watch_item(py, at, *watch, e)?)?;
-            }
-        }
-        Output::WatchStarted { watch, rv, initial } => {
-            sink.append(WatchStarted { at, id: watch.0, rv: *rv, initial: initial.as_str() })?
-        }
-        Output::WatchError { watch, status } => sink.append(WatchError {
+        OutputItem::Error { at, watch, status } => WatchError {
             at,
             id: watch.0,
             code: status.code(),
             reason: status.reason.as_str(),
-            message: status.message.clone(),
-        })?,
-        Output::WatchClosed { watch, cause, last_rv, message } => sink.append(WatchClosed {
-            at,
-            id: watch.0,
-            cause: close_cause(*cause),
-            last_rv: *last_rv,
-            message: message.clone(),
-        })?,
-        Output::WatchDelegated { watch, reason } => {
-            sink.append(WatchDelegated { at, id: watch.0, reason })?
+            message: status.message,
+            retry_after_s: status.retry_after_s,
         }
-        Output::List { request, outcome } => {
-            sink.append(read_result(py, at, *request, "LIST", outcome)?)?
+        .into_py_any(py)?,
+        OutputItem::Closed { at, watch, cause, last_rv, message } => {
+            WatchClosed { at, id: watch.0, cause: cause.as_str(), last_rv, message }
+                .into_py_any(py)?
         }
-        Output::Get { request, outcome } => {
-            sink.append(read_result(py, at, *request, "GET", outcome)?)?
+        OutputItem::Delegated { at, watch, reason } => {
+            WatchDelegated { at, id: watch.0, reason, source: "storage" }.into_py_any(py)?
         }
-        Output::Range { request, outcome } => {
-            sink.append(range_result(py, at, *request, outcome)?)?
+        OutputItem::Read { at, request, kind, outcome } => {
+            let base = |source, reason, items| ReadResult {
+                at,
+                id: request.0,
+                r#type: kind.as_str(),
+                source,
+                reason,
+                rv: None,
+                items,
+                continue_token: None,
+                remaining: None,
+            };
+            match outcome {
+                ReadOutcome::Storage { reason } => {
+                    base("storage", reason, PyTuple::empty(py).unbind())
+                }
+                ReadOutcome::Cache(r) => ReadResult {
+                    rv: Some(r.rv),
+                    continue_token: r.continue_token,
+                    remaining: r.remaining,
+                    ..base("cache", r.reason, items_of(py, r.items.iter())?)
+                },
+            }
+            .into_py_any(py)?
         }
-        Output::Rejected { request, status } => sink.append(Rejected {
+        OutputItem::Range { at, request, outcome } => match outcome {
+            RangeOutcome::Storage { reason } => RangeResult {
+                at,
+                id: request.0,
+                source: "storage",
+                reason,
+                rv: None,
+                items: PyTuple::empty(py).unbind(),
+                count: None,
+                more: None,
+            },
+            RangeOutcome::Cache(r) => RangeResult {
+                at,
+                id: request.0,
+                source: "cache",
+                reason: r.reason,
+                rv: Some(r.header_rv),
+                items: items_of(py, r.items.iter())?,
+                count: Some(r.count),
+                more: Some(r.more),
+            },
+        }
+        .into_py_any(py)?,
+        OutputItem::Rejected { at, request, status } => Rejected {
             at,
             id: request.0,
             code: status.code(),
             reason: status.reason.as_str(),
-            message: status.message.clone(),
+            message: status.message,
             retry_after_s: status.retry_after_s,
-        })?,
-        Output::RequestProgress => sink.append(RequestProgress { at })?,
-        Output::NeedCurrentRevision { request } => {
-            sink.append(NeedCurrentRevision { at, id: request.0 })?
         }
-        Output::Relist { reason } => sink.append(Relist { at, reason: reason.clone() })?,
+        .into_py_any(py)?,
+        OutputItem::RequestProgress { at } => RequestProgress { at }.into_py_any(py)?,
+        OutputItem::NeedCurrentRevision { at, request } => {
+            NeedCurrentRevision { at, id: request.0 }.into_py_any(py)?
+        }
+        OutputItem::Relist { at, reason } => Relist { at, reason }.into_py_any(py)?,
+    };
+    Ok(obj)
+}
+
+/// A config or metric value as a Python object.
+fn field_object(py: Python<'_>, v: FieldValue<'_>) -> PyResult<Py<PyAny>> {
+    match v {
+        FieldValue::Null => Ok(py.None()),
+        FieldValue::Bool(b) => b.into_py_any(py),
+        FieldValue::Size(n) | FieldValue::Count(n) => n.into_py_any(py),
+        FieldValue::Float(x) => x.into_py_any(py),
+        FieldValue::Str(s) => s.into_py_any(py),
+        FieldValue::CountsBy(m) => m.clone().into_py_any(py),
+        FieldValue::Counts(c) => c.to_vec().into_py_any(py),
     }
-    Ok(())
+}
+
+fn fields_dict<'py, 'a>(
+    py: Python<'py>,
+    fields: impl IntoIterator<Item = (&'static str, FieldValue<'a>)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, v) in fields {
+        d.set_item(name, field_object(py, v)?)?;
+    }
+    Ok(d)
 }
 
 // ----- the Cacher ----------------------------------------------------------------------------------
@@ -952,79 +947,25 @@ fn outputs_of(py: Python<'_>, at: u64, out: &Output, sink: &Bound<'_, PyList>) -
 /// >>> c.handle_replace(0, 9, [])
 /// >>> c.handle_put(10, {"key": "/pods/ns/a", "value": "v1", "rv": 10})
 /// >>> w = c.start_watch(20, "/pods/", rv="9")
-/// >>> [o.to_dict()["type"] for o in c.drain()]
+/// >>> [o.type for o in c.drain()]
 /// ['STARTED', 'ADDED']
 /// >>> c.window.oldest_rv, c.window.newest_rv, c.resource_version
 /// (10, 10, 10)
 #[pyclass(module = "watchcache", unsendable)]
 struct Cacher {
-    core: CoreCacher,
-    /// Outputs produced but not yet read, with the time they were produced at.
-    buffered: VecDeque<(u64, Output)>,
-    /// The items of an output that `poll_output` has started on (a fan-out, or several events
-    /// for one watcher): read before anything in `buffered`.
-    expanded: VecDeque<Py<PyAny>>,
-    now_ms: u64,
-    etcd_rv: u64,
-    max_stored_rv: u64,
-    /// Answer NEED_CURRENT_RV with max(etcd_rv, every RV stored), as the replayer does.
-    #[pyo3(get, set)]
-    auto_current_revision: bool,
+    driver: Driver,
 }
 
 impl Cacher {
-    fn collect(&mut self, at: u64) {
-        while let Some(out) = self.core.poll_output() {
-            if let Output::NeedCurrentRevision { request } = &out {
-                if self.auto_current_revision {
-                    let request = *request;
-                    self.buffered.push_back((at, out));
-                    let answer = self.etcd_rv.max(self.max_stored_rv);
-                    self.core.handle_current_revision(now(at), request, answer);
-                    continue;
-                }
-            }
-            self.buffered.push_back((at, out));
-        }
-    }
-
-    fn step(&mut self, now_ms: u64) -> PyResult<()> {
-        if now_ms < self.now_ms {
-            return Err(PyValueError::new_err(format!(
-                "now_ms: time goes back ({now_ms} after {}); the core's clock is monotonic",
-                self.now_ms
-            )));
-        }
-        // Timers due before this call fire first, at their own deadlines.
-        self.fire_timers(now_ms)?;
-        self.now_ms = now_ms;
-        Ok(())
-    }
-
-    /// Steps through every deadline up to `until`. A far `until` can mean millions of them
-    /// (a dispatch tick per second): Ctrl-C interrupts it (KeyboardInterrupt), leaving the
-    /// cacher at the last deadline it reached.
-    fn fire_timers(&mut self, until: u64) -> PyResult<()> {
-        let mut n: u32 = 0;
-        while let Some((t, _)) = self.core.poll_timeout() {
-            if t.as_millis() > until {
-                break;
-            }
-            self.core.handle_timeout(t);
-            self.collect(t.as_millis());
-            n = n.wrapping_add(1);
-            if n % 8192 == 0 {
-                if let Err(e) = Python::attach(|py| py.check_signals()) {
-                    self.now_ms = self.now_ms.max(t.as_millis());
-                    return Err(e);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn stored(&mut self, rv: u64) {
-        self.max_stored_rv = self.max_stored_rv.max(rv);
+    /// Moves time to `now_ms`, firing every timer due by then. A far `now_ms` can mean
+    /// millions of deadlines (a dispatch tick per second): Ctrl-C interrupts it
+    /// (KeyboardInterrupt), leaving the cacher at the last deadline it reached.
+    fn step(&mut self, py: Python<'_>, now_ms: u64) -> PyResult<()> {
+        let check = |n: u64, _| if n % 8192 == 0 { py.check_signals() } else { Ok(()) };
+        self.driver.advance(now_ms, check).map_err(|e| match e {
+            AdvanceError::Stopped(interrupt) => interrupt,
+            e @ AdvanceError::TimeGoesBack { .. } => PyValueError::new_err(format!("now_ms: {e}")),
+        })
     }
 }
 
@@ -1040,25 +981,22 @@ impl Cacher {
                 core_replay::parse_config(&value, "config").map_err(|e| config_error(py, &e))?
             }
         };
-        let core = CoreCacher::new(cfg, now(0)).map_err(|e| {
-            make_error(
-                py,
-                "ConfigError",
-                400,
-                "BadRequest",
-                &format!("{}: {}", e.field, e.message),
-                None,
-            )
+        let driver = Driver::new(cfg).map_err(|e| {
+            let msg = format!("{}: {}", e.field, e.message);
+            make_error(py, "ConfigError", 400, "BadRequest", &msg, None)
         })?;
-        Ok(Cacher {
-            core,
-            buffered: VecDeque::new(),
-            expanded: VecDeque::new(),
-            now_ms: 0,
-            etcd_rv: 0,
-            max_stored_rv: 0,
-            auto_current_revision: true,
-        })
+        Ok(Cacher { driver })
+    }
+
+    /// Answer NEED_CURRENT_RV with max(etcd_rv, every RV stored), as the replayer does.
+    #[getter]
+    fn auto_current_revision(&self) -> bool {
+        self.driver.auto_current_revision()
+    }
+
+    #[setter]
+    fn set_auto_current_revision(&mut self, on: bool) {
+        self.driver.set_auto_current_revision(on);
     }
 
     // --- storage inputs
@@ -1079,11 +1017,8 @@ impl Cacher {
             .enumerate()
             .map(|(i, o)| object_of(&format!("objects[{i}]"), &o, rv))
             .collect::<PyResult<Vec<_>>>()?;
-        self.step(now_ms)?;
-        self.core.handle_replace(now(now_ms), rv, objs).map_err(|e| storage_error(py, &e))?;
-        self.stored(rv);
-        self.collect(now_ms);
-        Ok(())
+        self.step(py, now_ms)?;
+        self.driver.handle_replace(rv, objs).map_err(|e| storage_error(py, &e))
     }
 
     /// A storage put (create or update). `object["rv"]` is the event's resourceVersion.
@@ -1099,12 +1034,8 @@ impl Cacher {
                 "object: 'rv' (the event's resourceVersion) is required",
             ));
         }
-        let rv = o.rv();
-        self.step(now_ms)?;
-        self.core.handle_put(now(now_ms), o).map_err(|e| storage_error(py, &e))?;
-        self.stored(rv);
-        self.collect(now_ms);
-        Ok(())
+        self.step(py, now_ms)?;
+        self.driver.handle_put(o).map_err(|e| storage_error(py, &e))
     }
 
     /// A storage delete of `key` at `rv`.
@@ -1116,11 +1047,8 @@ impl Cacher {
         rv: u64,
     ) -> PyResult<()> {
         let key = bytes_of("key", key)?;
-        self.step(now_ms)?;
-        self.core.handle_delete(now(now_ms), &key, rv).map_err(|e| storage_error(py, &e))?;
-        self.stored(rv);
-        self.collect(now_ms);
-        Ok(())
+        self.step(py, now_ms)?;
+        self.driver.handle_delete(&key, rv).map_err(|e| storage_error(py, &e))
     }
 
     /// Every change of one revision at once: `changes` is a list of `("put", object)` and
@@ -1150,57 +1078,53 @@ impl Cacher {
                 }
             });
         }
-        self.step(now_ms)?;
-        self.core.handle_revision(now(now_ms), rv, out).map_err(|e| storage_error(py, &e))?;
-        self.stored(rv);
-        self.collect(now_ms);
-        Ok(())
+        self.step(py, now_ms)?;
+        self.driver.handle_revision(rv, out).map_err(|e| storage_error(py, &e))
     }
 
     /// A storage progress notify at `rv`.
     fn handle_progress(&mut self, py: Python<'_>, now_ms: u64, rv: u64) -> PyResult<()> {
-        self.step(now_ms)?;
-        self.core.handle_progress(now(now_ms), rv).map_err(|e| storage_error(py, &e))?;
-        self.stored(rv);
-        self.collect(now_ms);
-        Ok(())
+        self.step(py, now_ms)?;
+        self.driver.handle_progress(rv).map_err(|e| storage_error(py, &e))
     }
 
     /// The upstream watch broke: the cache must relist.
     #[pyo3(signature = (now_ms, reason = "watch failed"))]
-    fn handle_storage_error(&mut self, now_ms: u64, reason: &str) -> PyResult<()> {
-        self.step(now_ms)?;
-        self.core.handle_storage_error(now(now_ms), reason);
-        self.collect(now_ms);
+    fn handle_storage_error(&mut self, py: Python<'_>, now_ms: u64, reason: &str) -> PyResult<()> {
+        self.step(py, now_ms)?;
+        self.driver.handle_storage_error(reason);
         Ok(())
     }
 
     /// Storage's current revision for a NEED_CURRENT_RV (when auto_current_revision is off).
-    fn handle_current_revision(&mut self, now_ms: u64, request_id: u64, rv: u64) -> PyResult<()> {
-        self.step(now_ms)?;
-        self.core.handle_current_revision(now(now_ms), RequestId(request_id), rv);
-        self.collect(now_ms);
+    fn handle_current_revision(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        request_id: u64,
+        rv: u64,
+    ) -> PyResult<()> {
+        self.step(py, now_ms)?;
+        self.driver.handle_current_revision(RequestId(request_id), rv);
         Ok(())
     }
 
     /// Storage compacted its history at `rv`.
-    fn handle_compaction(&mut self, now_ms: u64, rv: u64) -> PyResult<()> {
-        self.step(now_ms)?;
-        self.core.handle_compaction(now(now_ms), rv);
-        self.collect(now_ms);
+    fn handle_compaction(&mut self, py: Python<'_>, now_ms: u64, rv: u64) -> PyResult<()> {
+        self.step(py, now_ms)?;
+        self.driver.handle_compaction(rv);
         Ok(())
     }
 
     /// Sets storage's current revision, used to answer NEED_CURRENT_RV automatically.
     fn set_etcd_rv(&mut self, rv: u64) {
-        self.etcd_rv = rv;
+        self.driver.set_etcd_rv(rv);
     }
 
     /// Stops the cacher for good.
-    fn stop(&mut self, now_ms: u64) -> PyResult<()> {
-        self.step(now_ms)?;
-        self.core.stop(now(now_ms));
-        self.collect(now_ms);
+    fn stop(&mut self, py: Python<'_>, now_ms: u64) -> PyResult<()> {
+        self.step(py, now_ms)?;
+        self.driver.stop();
         Ok(())
     }
 
@@ -1230,75 +1154,62 @@ impl Cacher {
         queue_capacity: Option<usize>,
     ) -> PyResult<u64> {
         let key = bytes_of("key", key)?;
-        let range = match range_end {
-            Some(end) if !end.is_none() => KeyRange::etcd(&key, &bytes_of("range_end", end)?),
-            _ => {
-                let k = String::from_utf8(key).map_err(|_| {
+        let keys = match range_end {
+            Some(end) if !end.is_none() => {
+                KeySpec::Etcd { key, range_end: bytes_of("range_end", end)? }
+            }
+            _ => KeySpec::Kubernetes {
+                key: String::from_utf8(key).map_err(|_| {
                     PyValueError::new_err(
                         "key: a Kubernetes key must be UTF-8 (use range_end for byte ranges)",
                     )
-                })?;
-                KeyRange::kubernetes(&k, recursive)
-            }
-        }
-        .map_err(|st| status_error(py, &st))?;
-        let rv = match rv {
-            Some(r) => rv_param(py, r)?,
-            None => RvParam::Unset,
+                })?,
+                recursive,
+            },
         };
-        let mut req = WatchRequest::new(range, rv);
-        req.send_initial_events = send_initial_events;
-        req.allow_bookmarks = allow_bookmarks;
-        req.selector = selector(py, label_selector, field_selector)?;
-        req.timeout_ms = timeout_ms;
-        req.consume = match consume {
-            "auto" => ConsumeMode::Auto,
-            "manual" => ConsumeMode::Manual,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "consume: expected \"auto\" or \"manual\", got {other:?}"
-                )))
-            }
+        let spec = WatchSpec {
+            keys,
+            rv: rv_text(rv)?,
+            send_initial_events,
+            allow_bookmarks,
+            label_selector: label_selector.to_owned(),
+            field_selector: field_selector.to_owned(),
+            timeout_ms,
+            consume: core_replay::spec::parse_consume(consume)
+                .map_err(|m| PyValueError::new_err(format!("consume: {m}")))?,
+            slow_policy: core_replay::spec::parse_slow_policy(slow_policy)
+                .map_err(|m| PyValueError::new_err(format!("slow_policy: {m}")))?,
+            queue_capacity,
         };
-        req.slow_policy = match slow_policy {
-            "terminate" => SlowPolicy::Terminate,
-            "lag" => SlowPolicy::Lag,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "slow_policy: expected \"terminate\" or \"lag\", got {other:?}"
-                )))
-            }
-        };
-        req.queue_capacity = queue_capacity;
-        self.step(now_ms)?;
-        let id = self.core.start_watch(now(now_ms), req).map_err(|st| status_error(py, &st))?;
-        self.collect(now_ms);
+        let req = spec.to_request().map_err(|st| status_error(py, &st))?;
+        self.step(py, now_ms)?;
+        let id = self.driver.start_watch(req).map_err(|st| status_error(py, &st))?;
         Ok(id.0)
     }
 
     /// The client of a watch goes away. Returns False if it was not open.
-    fn stop_watch(&mut self, now_ms: u64, id: u64) -> PyResult<bool> {
-        self.step(now_ms)?;
-        let r = self.core.stop_watch(now(now_ms), RequestId(id));
-        self.collect(now_ms);
-        Ok(r)
+    fn stop_watch(&mut self, py: Python<'_>, now_ms: u64, id: u64) -> PyResult<bool> {
+        self.step(py, now_ms)?;
+        Ok(self.driver.stop_watch(RequestId(id)))
     }
 
     /// A manual watcher's client reads up to `max` queued events (None = all).
     #[pyo3(signature = (now_ms, id, max = None))]
-    fn consume(&mut self, now_ms: u64, id: u64, max: Option<u64>) -> PyResult<usize> {
-        self.step(now_ms)?;
-        let n = self.core.consume(now(now_ms), RequestId(id), max);
-        self.collect(now_ms);
-        Ok(n)
+    fn consume(
+        &mut self,
+        py: Python<'_>,
+        now_ms: u64,
+        id: u64,
+        max: Option<u64>,
+    ) -> PyResult<usize> {
+        self.step(py, now_ms)?;
+        Ok(self.driver.consume(RequestId(id), max))
     }
 
     /// Gives a manual watcher credit for `n` more events.
-    fn grant_credit(&mut self, now_ms: u64, id: u64, n: u64) -> PyResult<usize> {
-        self.step(now_ms)?;
-        let d = self.core.grant_credit(now(now_ms), RequestId(id), n);
-        self.collect(now_ms);
-        Ok(d)
+    fn grant_credit(&mut self, py: Python<'_>, now_ms: u64, id: u64, n: u64) -> PyResult<usize> {
+        self.step(py, now_ms)?;
+        Ok(self.driver.grant_credit(RequestId(id), n))
     }
 
     /// Starts a list; returns its id (the result is an output).
@@ -1318,20 +1229,19 @@ impl Cacher {
         label_selector: &str,
         field_selector: &str,
     ) -> PyResult<u64> {
-        let range = KeyRange::kubernetes(key, recursive).map_err(|st| status_error(py, &st))?;
-        let rv = match rv {
-            Some(r) => rv_param(py, r)?,
-            None => RvParam::Unset,
+        let spec = ListSpec {
+            key: key.to_owned(),
+            recursive,
+            rv: rv_text(rv)?,
+            rv_match: rv_match.unwrap_or("").to_owned(),
+            limit,
+            continue_token,
+            label_selector: label_selector.to_owned(),
+            field_selector: field_selector.to_owned(),
         };
-        let mut req = ListRequest::new(range, rv);
-        req.rv_match =
-            RvMatch::parse(rv_match.unwrap_or("")).map_err(|st| status_error(py, &st))?;
-        req.limit = limit;
-        req.continue_token = continue_token;
-        req.selector = selector(py, label_selector, field_selector)?;
-        self.step(now_ms)?;
-        let id = self.core.list(now(now_ms), req).map_err(|st| status_error(py, &st))?;
-        self.collect(now_ms);
+        let req = spec.to_request().map_err(|st| status_error(py, &st))?;
+        self.step(py, now_ms)?;
+        let id = self.driver.list(req).map_err(|st| status_error(py, &st))?;
         Ok(id.0)
     }
 
@@ -1344,17 +1254,10 @@ impl Cacher {
         key: &Bound<'_, PyAny>,
         rv: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let key = Key::new(&bytes_of("key", key)?);
-        let rv = match rv {
-            Some(r) => rv_param(py, r)?,
-            None => RvParam::Unset,
-        };
-        self.step(now_ms)?;
-        let id = self
-            .core
-            .get(now(now_ms), GetRequest { key, rv })
-            .map_err(|st| status_error(py, &st))?;
-        self.collect(now_ms);
+        let spec = GetSpec { key: bytes_of("key", key)?, rv: rv_text(rv)? };
+        let req = spec.to_request().map_err(|st| status_error(py, &st))?;
+        self.step(py, now_ms)?;
+        let id = self.driver.get(req).map_err(|st| status_error(py, &st))?;
         Ok(id.0)
     }
 
@@ -1372,63 +1275,47 @@ impl Cacher {
         linearizable: bool,
         limit: u64,
     ) -> PyResult<u64> {
-        let key = bytes_of("key", key)?;
-        let end = match range_end {
-            Some(e) if !e.is_none() => bytes_of("range_end", e)?,
-            _ => Vec::new(),
+        let spec = RangeSpec {
+            key: bytes_of("key", key)?,
+            range_end: match range_end {
+                Some(e) if !e.is_none() => bytes_of("range_end", e)?,
+                _ => Vec::new(),
+            },
+            revision,
+            linearizable,
+            limit,
         };
-        let range = KeyRange::etcd(&key, &end).map_err(|st| status_error(py, &st))?;
-        self.step(now_ms)?;
-        let id = self
-            .core
-            .range(now(now_ms), cacher_core::RangeRequest { range, revision, linearizable, limit })
-            .map_err(|st| status_error(py, &st))?;
-        self.collect(now_ms);
+        let req = spec.to_request().map_err(|st| status_error(py, &st))?;
+        self.step(py, now_ms)?;
+        let id = self.driver.range(req).map_err(|st| status_error(py, &st))?;
         Ok(id.0)
     }
 
     // --- polls
 
     /// Moves time to `now_ms`, firing every timer due by then at its own deadline.
-    fn advance(&mut self, now_ms: u64) -> PyResult<()> {
-        self.step(now_ms)
+    fn advance(&mut self, py: Python<'_>, now_ms: u64) -> PyResult<()> {
+        self.step(py, now_ms)
     }
 
-    /// The next output, or None.
+    /// The next output, or None (a fan-out, or several events for one watcher, comes out one
+    /// item per call, in the order drain gives).
     fn poll_output(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        if let Some(item) = self.expanded.pop_front() {
-            return Ok(Some(item));
-        }
-        // Outputs that expand to no item (none do today) are skipped, not returned as None.
-        while let Some((at, out)) = self.buffered.pop_front() {
-            let list = PyList::empty(py);
-            outputs_of(py, at, &out, &list)?;
-            // A fan-out, or several events for one watcher, is several items: keep the rest
-            // for the next polls, in order.
-            let mut items = list.iter().map(Bound::unbind);
-            if let Some(first) = items.next() {
-                self.expanded.extend(items);
-                return Ok(Some(first));
-            }
-        }
-        Ok(None)
+        self.driver.poll_item().map(|item| output_object(py, item)).transpose()
     }
 
     /// Every output produced so far, in order (fan-outs as one item per watcher).
     fn drain<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for item in std::mem::take(&mut self.expanded) {
-            list.append(item)?;
-        }
-        for (at, out) in std::mem::take(&mut self.buffered) {
-            outputs_of(py, at, &out, &list)?;
+        while let Some(item) = self.driver.poll_item() {
+            list.append(output_object(py, item)?)?;
         }
         Ok(list)
     }
 
     /// The next deadline as (ms, reason), or None.
     fn poll_timeout(&self) -> Option<(u64, &'static str)> {
-        self.core.poll_timeout().map(|(t, r)| (t.as_millis(), r.as_str()))
+        self.driver.cacher().poll_timeout().map(|(t, r)| (t.as_millis(), r.as_str()))
     }
 
     // --- getters
@@ -1436,37 +1323,37 @@ impl Cacher {
     /// Current time (the last now_ms given).
     #[getter]
     fn now_ms(&self) -> u64 {
-        self.now_ms
+        self.driver.now_ms()
     }
 
     /// The cache's resourceVersion.
     #[getter]
     fn resource_version(&self) -> u64 {
-        self.core.resource_version()
+        self.driver.cacher().resource_version()
     }
 
     /// The RV of the last list.
     #[getter]
     fn list_resource_version(&self) -> u64 {
-        self.core.list_resource_version()
+        self.driver.cacher().list_resource_version()
     }
 
     /// "pending", "ready" or "stopped".
     #[getter]
     fn ready_state(&self) -> &'static str {
-        self.core.ready_state().as_str()
+        self.driver.cacher().ready_state().as_str()
     }
 
     /// Objects in the store.
     #[getter]
     fn store_len(&self) -> usize {
-        self.core.store_len()
+        self.driver.cacher().store_len()
     }
 
     /// The ring buffer's window.
     #[getter]
     fn window(&self) -> Window {
-        let w = self.core.window();
+        let w = self.driver.cacher().window();
         Window {
             oldest_rv: w.oldest_rv,
             newest_rv: w.newest_rv,
@@ -1482,7 +1369,7 @@ impl Cacher {
     /// The buffered events, oldest first, as (rv, key, is_delete).
     fn window_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for (rv, key, del) in self.core.window_events() {
+        for (rv, key, del) in self.driver.cacher().window_events() {
             list.append((rv, text(py, Some(key))?, del))?;
         }
         Ok(list)
@@ -1491,7 +1378,7 @@ impl Cacher {
     /// The stored objects, in key order.
     fn objects<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for o in self.core.objects() {
+        for o in self.driver.cacher().objects() {
             list.append(item_of(py, &o)?)?;
         }
         Ok(list)
@@ -1499,100 +1386,50 @@ impl Cacher {
 
     /// Open watches.
     fn watchers(&self) -> Vec<WatcherInfo> {
-        self.core.watchers().into_iter().map(WatcherInfo::from).collect()
+        self.driver.cacher().watchers().into_iter().map(WatcherInfo::from).collect()
     }
 
     /// One open watch, or None.
     fn watcher(&self, id: u64) -> Option<WatcherInfo> {
-        self.core.watcher(RequestId(id)).map(WatcherInfo::from)
+        self.driver.cacher().watcher(RequestId(id)).map(WatcherInfo::from)
     }
 
     /// The metrics, as a dict named after Kubernetes' watch-cache metrics.
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.core.metrics();
-        let d = PyDict::new(py);
-        d.set_item("events_received", m.events_received)?;
-        d.set_item("events_dispatched", m.events_dispatched)?;
-        d.set_item("init_events", m.init_events)?;
-        d.set_item("terminated_watchers", m.terminated_watchers)?;
-        d.set_item("capacity_increases", m.capacity_increases)?;
-        d.set_item("capacity_decreases", m.capacity_decreases)?;
-        d.set_item("initializations", m.initializations)?;
-        d.set_item("cache_lists", m.cache_lists.clone())?;
-        d.set_item("cache_list_fetched", m.cache_list_fetched.clone())?;
-        d.set_item("cache_list_returned", m.cache_list_returned)?;
-        d.set_item("read_wait_buckets_ms", cacher_core::READ_WAIT_BUCKETS_MS.to_vec())?;
-        d.set_item("read_wait_counts", m.read_wait_buckets.to_vec())?;
-        d.set_item("read_wait_sum_ms", m.read_wait_sum_ms)?;
-        d.set_item("consistent_reads_ok", m.consistent_reads_ok)?;
-        d.set_item("consistent_reads_fallback", m.consistent_reads_fallback)?;
-        d.set_item("lists_delegated", m.lists_delegated)?;
-        d.set_item("gets_delegated", m.gets_delegated)?;
-        d.set_item("watches_delegated", m.watches_delegated)?;
-        d.set_item("watches_started", m.watches_started)?;
-        d.set_item("progress_requests", m.progress_requests)?;
-        d.set_item("deliveries", m.deliveries)?;
-        d.set_item("bookmarks_sent", m.bookmarks_sent)?;
-        d.set_item("watch_expired", m.watch_expired)?;
-        Ok(d)
+        fields_dict(py, metrics_fields(self.driver.cacher().metrics()))
     }
 
     /// The configuration, as a dict of scenario config fields.
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.core.config();
-        let d = PyDict::new(py);
-        d.set_item("profile", c.profile.as_str())?;
-        d.set_item("capacity", c.capacity)?;
-        d.set_item("lower_bound_capacity", c.lower_bound_capacity)?;
-        d.set_item("upper_bound_capacity", c.upper_bound_capacity)?;
-        d.set_item("dynamic_capacity", c.dynamic_capacity)?;
-        d.set_item("event_fresh_ms", c.event_fresh_ms)?;
-        d.set_item("bookmark_frequency_ms", c.bookmark_frequency_ms)?;
-        d.set_item("dispatch_tick_ms", c.dispatch_tick_ms)?;
-        d.set_item("dispatch_tick_jitter", c.dispatch_tick_jitter)?;
-        d.set_item("freshness_timeout_ms", c.freshness_timeout_ms)?;
-        d.set_item("progress_request_interval_ms", c.progress_request_interval_ms)?;
-        d.set_item("budget_refill_ms_per_s", c.budget_refill_ms_per_s)?;
-        d.set_item("budget_max_ms", c.budget_max_ms)?;
-        d.set_item("watch_chan_size", c.watch_chan_size)?;
-        d.set_item("index_field", c.index_field.as_deref())?;
-        d.set_item("interval_buffer_size", c.interval_buffer_size)?;
-        d.set_item("request_timeout_ms", c.request_timeout_ms)?;
-        d.set_item("seed", c.seed)?;
-        d.set_item("watch_list", c.watch_list)?;
-        d.set_item("consistent_list_from_cache", c.consistent_list_from_cache)?;
-        d.set_item("resilient_initialization", c.resilient_initialization)?;
-        d.set_item("list_from_cache_snapshot", c.list_from_cache_snapshot)?;
-        d.set_item("watch_from_storage_without_rv", c.watch_from_storage_without_rv)?;
-        d.set_item("storage_supports_progress", c.storage_supports_progress)?;
-        Ok(d)
+        fields_dict(py, config_fields(self.driver.cacher().config()))
     }
 
     /// Dispatch time budget available now, in ms.
     #[getter]
     fn budget_ms(&self) -> u64 {
-        self.core.budget_available_ms()
+        self.driver.cacher().budget_available_ms()
     }
 
     /// Requests parked (waiting for the gate, storage's revision, or freshness).
     #[getter]
     fn parked(&self) -> usize {
-        self.core.parked_count()
+        self.driver.cacher().parked_count()
     }
 
     fn __repr__(&self) -> String {
-        let w = self.core.window();
+        let c = self.driver.cacher();
+        let w = c.window();
         format!(
             "Cacher(profile={}, state={}, rv={}, store={}, window={}..{} ({}/{}), watchers={})",
-            self.core.config().profile.as_str(),
-            self.core.ready_state().as_str(),
-            self.core.resource_version(),
-            self.core.store_len(),
+            c.config().profile.as_str(),
+            c.ready_state().as_str(),
+            c.resource_version(),
+            c.store_len(),
             py_opt(w.oldest_rv),
             py_opt(w.newest_rv),
             w.len,
             w.capacity,
-            self.core.watcher_count()
+            c.watcher_count()
         )
     }
 }
