@@ -1,18 +1,21 @@
 //! The watchcache core for JavaScript (browser and Node), via wasm-bindgen.
 //!
-//! A thin layer over `cacher-core`: argument conversion, errors as JS `Error`s with a `name`
-//! and a `code`, and outputs as plain objects. Resource versions (and every other 64-bit
-//! count) cross as `BigInt`, never as lossy numbers; times (`at`, milliseconds) and request ids
-//! are numbers. `replayJson` returns the trace as the exact JSON text the Rust replayer prints.
+//! A thin layer over `cacher-core`'s driver (`cacher_core::replay`): argument conversion,
+//! errors as JS `Error`s with a `name` and a `code`, and the output items as plain objects. The
+//! run loop, the request parsing, the output items and the config and metric names are the
+//! core's, shared with the Python binding. Resource versions (and every other 64-bit count)
+//! cross as `BigInt`, never as lossy numbers; times (`at`, milliseconds) and request ids are
+//! numbers. `replayJson` returns the trace as the exact JSON text the Rust replayer prints.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
-use cacher_core::replay::{self as core_replay, Record, ScenarioError};
+use cacher_core::replay::{
+    self as core_replay, config_fields, metrics_fields, AdvanceError, Driver, FieldValue, GetSpec,
+    KeySpec, ListSpec, OutputItem, RangeSpec, Record, ScenarioError, WatchSpec,
+};
 use cacher_core::simulate as core_simulate;
 use cacher_core::{
-    Cacher as CoreCacher, Change, Config, ConsumeMode, GetRequest, Key, KeyRange, ListRequest,
-    Object, Output, ReadOutcome, RequestId, RvMatch, RvParam, Selector, SlowPolicy, Status,
-    Timestamp, WatchEvent, WatchRequest,
+    Change, Config, Key, Object, RangeOutcome, ReadOutcome, RequestId, Status, WatchEvent,
 };
 use js_sys::{Array, Object as JsObject, Reflect};
 use serde::Serialize;
@@ -187,6 +190,18 @@ impl Opts {
     fn path(&self, key: &str) -> String {
         format!("{}.{key}", self.name)
     }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, JsValue> {
+        opt_bool(&self.path(key), &self.get(key))
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, JsValue> {
+        opt_string(&self.path(key), &self.get(key))
+    }
+
+    fn u64(&self, key: &str) -> Result<Option<u64>, JsValue> {
+        opt_u64(&self.path(key), &self.get(key))
+    }
 }
 
 /// A JS value as JSON: objects, arrays, strings, numbers (integers exact), BigInts, booleans,
@@ -254,15 +269,15 @@ fn object_arg(name: &str, v: &JsValue, default_rv: u64) -> Result<Object, JsValu
     core_replay::parse_object(&json, name, Some(default_rv)).map_err(|e| type_error(e.to_string()))
 }
 
-fn rv_param(v: &JsValue) -> Result<RvParam, JsValue> {
-    let s = if v.is_null() || v.is_undefined() {
-        String::new()
+/// A resourceVersion option as the text a client sends (absent: unset); parsed by the core.
+fn rv_text(v: &JsValue) -> Result<String, JsValue> {
+    if v.is_null() || v.is_undefined() {
+        Ok(String::new())
     } else if let Some(s) = v.as_string() {
-        s
+        Ok(s)
     } else {
-        u64_arg("rv", v)?.to_string()
-    };
-    RvParam::parse(&s).map_err(|st| status_error(&st))
+        Ok(u64_arg("rv", v)?.to_string())
+    }
 }
 
 // ----- conversions out -----------------------------------------------------------------------------
@@ -347,22 +362,32 @@ impl<'a> From<&'a Record> for JsRecord<'a> {
     }
 }
 
-fn scenario_trace(scenario: &JsValue) -> Result<Vec<Record>, JsValue> {
-    if let Some(text) = scenario.as_string() {
-        core_replay::replay_str(&text).map_err(|e| scenario_error(&e))
-    } else if scenario.is_object() && !Array::is_array(scenario) {
-        let value = json_of(scenario, 0).map_err(|e| {
+/// A scenario or workload argument: JSON text, or an object converted straight to JSON.
+enum JsonInput {
+    Text(String),
+    Value(serde_json::Value),
+}
+
+fn json_input(arg: &str, v: &JsValue) -> Result<JsonInput, JsValue> {
+    if let Some(text) = v.as_string() {
+        Ok(JsonInput::Text(text))
+    } else if v.is_object() && !Array::is_array(v) {
+        json_of(v, 0).map(JsonInput::Value).map_err(|e| {
             let msg =
                 e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default();
             js_error("ScenarioError", 400, "BadRequest", &msg, None)
-        })?;
-        core_replay::replay(&value).map_err(|e| scenario_error(&e))
+        })
     } else {
-        Err(type_error(format!(
-            "scenario: expected an object or a JSON string, got {}",
-            describe(scenario)
-        )))
+        Err(type_error(format!("{arg}: expected an object or a JSON string, got {}", describe(v))))
     }
+}
+
+fn scenario_trace(scenario: &JsValue) -> Result<Vec<Record>, JsValue> {
+    match json_input("scenario", scenario)? {
+        JsonInput::Text(text) => core_replay::replay_str(&text),
+        JsonInput::Value(value) => core_replay::replay(&value),
+    }
+    .map_err(|e| scenario_error(&e))
 }
 
 /// Replays a scenario (an object, or its JSON text) and returns its trace: an array of
@@ -398,20 +423,9 @@ pub fn replay_json(
 pub fn simulate(
     #[wasm_bindgen(unchecked_param_type = "ScenarioInput")] workload: JsValue,
 ) -> Result<JsValue, JsValue> {
-    let report = if let Some(text) = workload.as_string() {
-        core_simulate::simulate_str(&text)
-    } else if workload.is_object() && !Array::is_array(&workload) {
-        let value = json_of(&workload, 0).map_err(|e| {
-            let msg =
-                e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default();
-            js_error("ScenarioError", 400, "BadRequest", &msg, None)
-        })?;
-        core_simulate::simulate(&value)
-    } else {
-        return Err(type_error(format!(
-            "workload: expected an object or a JSON string, got {}",
-            describe(&workload)
-        )));
+    let report = match json_input("workload", &workload)? {
+        JsonInput::Text(text) => core_simulate::simulate_str(&text),
+        JsonInput::Value(value) => core_simulate::simulate(&value),
     };
     let report =
         report.map_err(|e| js_error("ScenarioError", 400, "BadRequest", &e.to_string(), None))?;
@@ -496,7 +510,11 @@ export interface CacherConfig {
     watch_from_storage_without_rv?: boolean | null;
     storage_supports_progress?: boolean | null;
 }
-/** The configuration in effect, as `Cacher.config()` returns it. */
+/**
+ * The configuration in effect, as `Cacher.config()` returns it: every field of `CacherConfig`,
+ * in the same order as Python's `Cacher.config()`. Sizes and durations are numbers (a BigInt
+ * only beyond 2^53); the seed is a BigInt.
+ */
 export interface CacherConfigInfo {
     profile: "v1.30" | "v1.34";
     capacity: number;
@@ -508,14 +526,20 @@ export interface CacherConfigInfo {
     dispatch_tick_ms: number;
     dispatch_tick_jitter: number;
     freshness_timeout_ms: number;
+    progress_request_interval_ms: number;
     budget_refill_ms_per_s: number;
     budget_max_ms: number;
     watch_chan_size: number | null;
     index_field: string | null;
+    interval_buffer_size: number;
+    request_timeout_ms: number;
+    seed: bigint;
     watch_list: boolean;
     consistent_list_from_cache: boolean;
     resilient_initialization: boolean;
     list_from_cache_snapshot: boolean;
+    watch_from_storage_without_rv: boolean;
+    storage_supports_progress: boolean;
 }
 
 /** Options of `Cacher.startWatch` (`null` counts as absent). */
@@ -581,8 +605,8 @@ export interface WatchEventOutput {
     key?: string;
     rv: bigint;
     value?: string;
-    /** On bookmarks: the end of the initial events. */
-    initialEventsEnd?: boolean;
+    /** True on the bookmark that ends the initial events. */
+    initialEventsEnd: boolean;
 }
 /** A watch started: where its initial events come from. */
 export interface WatchStartedOutput {
@@ -859,7 +883,7 @@ export interface SimulationReport {
 }
 "#;
 
-// ----- outputs of the Cacher -----------------------------------------------------------------------
+// ----- output items as plain objects ---------------------------------------------------------------
 
 #[derive(Serialize, Default)]
 struct JsItem {
@@ -881,8 +905,8 @@ fn item_of(o: &Object) -> JsItem {
     JsItem { key: text(o.key()), rv: o.rv(), value: o.value().map(text), labels, fields }
 }
 
-/// One output as a plain object: `type` says which (the trace's record types, plus
-/// `STARTED`); `id` is the request's id (a number).
+/// One output item as a plain object: `type` says which (the trace's record types, plus
+/// `STARTED`); `id` is the request's id (a number). The fields are Python's, in camelCase.
 #[derive(Serialize, Default)]
 struct JsOutput {
     at: f64,
@@ -926,138 +950,107 @@ struct JsOutput {
     more: Option<bool>,
 }
 
-fn item_output(at: u64, id: RequestId, e: &WatchEvent) -> JsOutput {
-    let obj = e.object();
+fn status_output(base: JsOutput, st: Status) -> JsOutput {
     JsOutput {
-        at: at as f64,
-        kind: e.type_str(),
-        id: Some(id.0 as f64),
-        key: obj.map(|o| text(o.key())),
-        rv: Some(e.rv()),
-        value: obj.and_then(|o| o.value()).map(text),
-        initial_events_end: match e {
-            WatchEvent::Bookmark { initial_events_end, .. } => Some(*initial_events_end),
-            _ => None,
-        },
-        ..JsOutput::default()
-    }
-}
-
-fn status_output(at: u64, kind: &'static str, id: RequestId, st: &Status) -> JsOutput {
-    JsOutput {
-        at: at as f64,
-        kind,
-        id: Some(id.0 as f64),
         code: Some(st.code()),
         reason: Some(st.reason.as_str().into()),
-        message: Some(st.message.clone()),
+        message: Some(st.message),
         retry_after_s: st.retry_after_s,
-        ..JsOutput::default()
+        ..base
     }
 }
 
-fn read_output(at: u64, kind: &'static str, id: RequestId, outcome: &ReadOutcome) -> JsOutput {
-    let base = JsOutput { at: at as f64, kind, id: Some(id.0 as f64), ..JsOutput::default() };
-    match outcome {
-        ReadOutcome::Storage { reason } => {
-            JsOutput { source: Some("storage"), reason: Some((*reason).into()), ..base }
+/// The plain object of one output item (the core's model; Python maps the same one).
+fn output_of(item: OutputItem) -> JsOutput {
+    let base = JsOutput {
+        at: item.at() as f64,
+        kind: item.type_str(),
+        id: item.id().map(|id| id.0 as f64),
+        ..JsOutput::default()
+    };
+    match item {
+        OutputItem::Event { event, .. } => {
+            let obj = event.object();
+            JsOutput {
+                key: obj.map(|o| text(o.key())),
+                rv: Some(event.rv()),
+                value: obj.and_then(|o| o.value()).map(text),
+                initial_events_end: Some(matches!(
+                    event,
+                    WatchEvent::Bookmark { initial_events_end: true, .. }
+                )),
+                ..base
+            }
         }
-        ReadOutcome::Cache(r) => JsOutput {
+        OutputItem::Started { rv, initial, .. } => {
+            JsOutput { rv: Some(rv), initial: Some(initial.as_str()), ..base }
+        }
+        OutputItem::Error { status, .. } | OutputItem::Rejected { status, .. } => {
+            status_output(base, status)
+        }
+        OutputItem::Closed { cause, last_rv, message, .. } => {
+            JsOutput { cause: Some(cause.as_str()), last_rv: Some(last_rv), message, ..base }
+        }
+        OutputItem::Delegated { reason, .. } => {
+            JsOutput { source: Some("storage"), reason: Some(reason.into()), ..base }
+        }
+        OutputItem::Read { outcome: ReadOutcome::Storage { reason }, .. }
+        | OutputItem::Range { outcome: RangeOutcome::Storage { reason }, .. } => JsOutput {
+            source: Some("storage"),
+            reason: Some(reason.into()),
+            ..base
+        },
+        OutputItem::Read { outcome: ReadOutcome::Cache(r), .. } => JsOutput {
             source: Some("cache"),
             reason: Some(r.reason.into()),
             rv: Some(r.rv),
             items: Some(r.items.iter().map(|o| item_of(o)).collect()),
-            continue_token: r.continue_token.clone(),
+            continue_token: r.continue_token,
             remaining: r.remaining,
             ..base
         },
+        OutputItem::Range { outcome: RangeOutcome::Cache(r), .. } => JsOutput {
+            source: Some("cache"),
+            reason: Some(r.reason.into()),
+            rv: Some(r.header_rv),
+            items: Some(r.items.iter().map(|o| item_of(o)).collect()),
+            count: Some(r.count),
+            more: Some(r.more),
+            ..base
+        },
+        OutputItem::Relist { reason, .. } => JsOutput { reason: Some(reason), ..base },
+        OutputItem::RequestProgress { .. } | OutputItem::NeedCurrentRevision { .. } => base,
     }
 }
 
-fn outputs_of(at: u64, out: &Output, sink: &mut Vec<JsOutput>) {
-    let a = at as f64;
-    match out {
-        Output::Fanout { event, targets } => {
-            for (id, kind) in targets.iter() {
-                sink.push(item_output(at, *id, &WatchEvent::Change(*kind, event.clone())));
+/// A config or metric value: sizes and durations as numbers (a BigInt beyond 2^53), counts
+/// and seeds as BigInt.
+fn field_js(v: FieldValue<'_>) -> JsValue {
+    let big = |n: u64| JsValue::from(js_sys::BigInt::from(n));
+    match v {
+        FieldValue::Null => JsValue::NULL,
+        FieldValue::Bool(b) => JsValue::from(b),
+        FieldValue::Size(n) if n as f64 <= MAX_SAFE => JsValue::from(n as f64),
+        FieldValue::Size(n) | FieldValue::Count(n) => big(n),
+        FieldValue::Float(x) => JsValue::from(x),
+        FieldValue::Str(s) => JsValue::from_str(s),
+        FieldValue::CountsBy(m) => {
+            let o = JsObject::new();
+            for (k, n) in m {
+                let _ = Reflect::set(&o, &JsValue::from_str(k), &big(*n));
             }
+            o.into()
         }
-        Output::Deliver { watch, events } => {
-            for e in events {
-                sink.push(item_output(at, *watch, e));
-            }
-        }
-        Output::WatchStarted { watch, rv, initial } => sink.push(JsOutput {
-            at: a,
-            kind: "STARTED",
-            id: Some(watch.0 as f64),
-            rv: Some(*rv),
-            initial: Some(initial.as_str()),
-            ..JsOutput::default()
-        }),
-        Output::WatchError { watch, status } => {
-            sink.push(status_output(at, "ERROR", *watch, status))
-        }
-        Output::WatchClosed { watch, cause, last_rv, message } => sink.push(JsOutput {
-            at: a,
-            kind: "CLOSED",
-            id: Some(watch.0 as f64),
-            cause: Some(cause.as_str()),
-            last_rv: Some(*last_rv),
-            message: message.clone(),
-            ..JsOutput::default()
-        }),
-        Output::WatchDelegated { watch, reason } => sink.push(JsOutput {
-            at: a,
-            kind: "WATCH",
-            id: Some(watch.0 as f64),
-            source: Some("storage"),
-            reason: Some((*reason).into()),
-            ..JsOutput::default()
-        }),
-        Output::List { request, outcome } => sink.push(read_output(at, "LIST", *request, outcome)),
-        Output::Get { request, outcome } => sink.push(read_output(at, "GET", *request, outcome)),
-        Output::Range { request, outcome } => sink.push(match outcome {
-            cacher_core::RangeOutcome::Storage { reason } => JsOutput {
-                at: a,
-                kind: "RANGE",
-                id: Some(request.0 as f64),
-                source: Some("storage"),
-                reason: Some((*reason).into()),
-                ..JsOutput::default()
-            },
-            cacher_core::RangeOutcome::Cache(r) => JsOutput {
-                at: a,
-                kind: "RANGE",
-                id: Some(request.0 as f64),
-                source: Some("cache"),
-                reason: Some(r.reason.into()),
-                rv: Some(r.header_rv),
-                items: Some(r.items.iter().map(|o| item_of(o)).collect()),
-                count: Some(r.count),
-                more: Some(r.more),
-                ..JsOutput::default()
-            },
-        }),
-        Output::Rejected { request, status } => {
-            sink.push(status_output(at, "REJECTED", *request, status))
-        }
-        Output::RequestProgress => {
-            sink.push(JsOutput { at: a, kind: "REQUEST_PROGRESS", ..JsOutput::default() })
-        }
-        Output::NeedCurrentRevision { request } => sink.push(JsOutput {
-            at: a,
-            kind: "NEED_CURRENT_RV",
-            id: Some(request.0 as f64),
-            ..JsOutput::default()
-        }),
-        Output::Relist { reason } => sink.push(JsOutput {
-            at: a,
-            kind: "RELIST",
-            reason: Some(reason.clone()),
-            ..JsOutput::default()
-        }),
+        FieldValue::Counts(c) => c.iter().map(|n| big(*n)).collect::<Array>().into(),
     }
+}
+
+fn fields_js<'a>(fields: impl IntoIterator<Item = (&'static str, FieldValue<'a>)>) -> JsValue {
+    let o = JsObject::new();
+    for (name, v) in fields {
+        let _ = Reflect::set(&o, &JsValue::from_str(name), &field_js(v));
+    }
+    o.into()
 }
 
 // ----- the Cacher ----------------------------------------------------------------------------------
@@ -1066,89 +1059,39 @@ fn outputs_of(at: u64, out: &Output, sink: &mut Vec<JsOutput>) {
 /// mirror the Python API in camelCase.
 #[wasm_bindgen]
 pub struct Cacher {
-    core: CoreCacher,
-    buffered: VecDeque<(u64, Output)>,
-    /// Items of a partly polled output (`pollOutput`): they come before `buffered`.
-    expanded: VecDeque<JsOutput>,
-    now_ms: u64,
-    etcd_rv: u64,
-    max_stored_rv: u64,
-    auto_current_revision: bool,
-}
-
-fn now(ms: u64) -> Timestamp {
-    Timestamp::from_millis(ms)
+    driver: Driver,
 }
 
 /// The most timer expirations one call may step through (about 11 days of 1-second ticks).
 const MAX_TIMER_STEPS: u64 = 1_000_000;
 
 impl Cacher {
-    fn collect(&mut self, at: u64) {
-        while let Some(out) = self.core.poll_output() {
-            if let Output::NeedCurrentRevision { request } = &out {
-                if self.auto_current_revision {
-                    let request = *request;
-                    self.buffered.push_back((at, out));
-                    let answer = self.etcd_rv.max(self.max_stored_rv);
-                    self.core.handle_current_revision(now(at), request, answer);
-                    continue;
-                }
-            }
-            self.buffered.push_back((at, out));
-        }
-    }
-
-    fn step(&mut self, now_ms: &JsValue) -> Result<u64, JsValue> {
+    /// Moves time to `nowMs`. Every deadline up to it fires, in order. A far target can mean
+    /// millions of them (a dispatch tick per second) and a page cannot be interrupted: stop
+    /// after MAX_TIMER_STEPS, at the last deadline reached, and say so.
+    fn step(&mut self, now_ms: &JsValue) -> Result<(), JsValue> {
         let t = u64_arg("nowMs", now_ms)?;
-        if t < self.now_ms {
-            return Err(type_error(format!(
-                "nowMs: time goes back ({t} after {}); the core's clock is monotonic",
-                self.now_ms
-            )));
-        }
-        // Every deadline up to t fires, in order. A far t can mean millions of them (a dispatch
-        // tick per second) and a page cannot be interrupted: stop after MAX_TIMER_STEPS, at
-        // the last deadline reached, and say so.
-        let mut n: u64 = 0;
-        let from = self.now_ms;
-        while let Some((d, _)) = self.core.poll_timeout() {
-            if d.as_millis() > t {
-                break;
-            }
-            n += 1;
-            if n > MAX_TIMER_STEPS {
-                self.now_ms = self.now_ms.max(d.as_millis().saturating_sub(1));
-                return Err(js_error(
-                    "InvalidRequest",
-                    400,
-                    "BadRequest",
-                    &format!(
-                        "nowMs: reaching {t} ms from {from} ms takes more than {MAX_TIMER_STEPS} \
-                         timer expirations; advance in smaller steps (time stopped at {} ms)",
-                        self.now_ms
-                    ),
-                    None,
-                ));
-            }
-            self.core.handle_timeout(d);
-            self.collect(d.as_millis());
-        }
-        self.now_ms = t;
-        Ok(t)
+        let from = self.driver.now_ms();
+        let bound = |n: u64, _| if n > MAX_TIMER_STEPS { Err(()) } else { Ok(()) };
+        self.driver.advance(t, bound).map_err(|e| match e {
+            AdvanceError::Stopped(()) => js_error(
+                "InvalidRequest",
+                400,
+                "BadRequest",
+                &format!(
+                    "nowMs: reaching {t} ms from {from} ms takes more than {MAX_TIMER_STEPS} \
+                     timer expirations; advance in smaller steps (time stopped at {} ms)",
+                    self.driver.now_ms()
+                ),
+                None,
+            ),
+            e @ AdvanceError::TimeGoesBack { .. } => type_error(format!("nowMs: {e}")),
+        })
     }
+}
 
-    fn storage(
-        &mut self,
-        t: u64,
-        rv: u64,
-        r: Result<(), cacher_core::StorageError>,
-    ) -> Result<(), JsValue> {
-        r.map_err(|e| js_error("StorageInputError", 400, "BadRequest", &e.to_string(), None))?;
-        self.max_stored_rv = self.max_stored_rv.max(rv);
-        self.collect(t);
-        Ok(())
-    }
+fn storage_error(e: cacher_core::StorageError) -> JsValue {
+    js_error("StorageInputError", 400, "BadRequest", &e.to_string(), None)
 }
 
 #[wasm_bindgen]
@@ -1165,39 +1108,26 @@ impl Cacher {
             let value = json_of(&config, 0)?;
             core_replay::parse_config(&value, "config").map_err(|e| {
                 let msg = e.to_string();
-                js_error(
-                    "ConfigError",
-                    400,
-                    "BadRequest",
-                    msg.strip_prefix("config.").unwrap_or(&msg),
-                    None,
-                )
+                let msg = msg.strip_prefix("config.").unwrap_or(&msg);
+                js_error("ConfigError", 400, "BadRequest", msg, None)
             })?
         };
-        let core = CoreCacher::new(cfg, now(0)).map_err(|e| {
+        let driver = Driver::new(cfg).map_err(|e| {
             js_error("ConfigError", 400, "BadRequest", &format!("{}: {}", e.field, e.message), None)
         })?;
-        Ok(Cacher {
-            core,
-            buffered: VecDeque::new(),
-            expanded: VecDeque::new(),
-            now_ms: 0,
-            etcd_rv: 0,
-            max_stored_rv: 0,
-            auto_current_revision: true,
-        })
+        Ok(Cacher { driver })
     }
 
     /// Answer NEED_CURRENT_RV automatically with max(etcdRv, every RV stored) (default true).
     #[wasm_bindgen(getter = autoCurrentRevision)]
     pub fn auto_current_revision(&self) -> bool {
-        self.auto_current_revision
+        self.driver.auto_current_revision()
     }
 
     /// Sets whether NEED_CURRENT_RV is answered automatically.
     #[wasm_bindgen(setter = autoCurrentRevision)]
     pub fn set_auto_current_revision(&mut self, v: bool) {
-        self.auto_current_revision = v;
+        self.driver.set_auto_current_revision(v);
     }
 
     /// A (re)list completed at `rv` with `objects` (`{key, value, rv, labels, fields}`).
@@ -1221,9 +1151,8 @@ impl Cacher {
             .enumerate()
             .map(|(i, o)| object_arg(&format!("objects[{i}]"), &o, rv))
             .collect::<Result<Vec<_>, _>>()?;
-        let t = self.step(&now_ms)?;
-        let r = self.core.handle_replace(now(t), rv, objs);
-        self.storage(t, rv, r)
+        self.step(&now_ms)?;
+        self.driver.handle_replace(rv, objs).map_err(storage_error)
     }
 
     /// A storage put; `object.rv` is the event's resourceVersion.
@@ -1237,10 +1166,8 @@ impl Cacher {
         if o.rv() == 0 {
             return Err(type_error("object: rv (the event's resourceVersion) is required".into()));
         }
-        let rv = o.rv();
-        let t = self.step(&now_ms)?;
-        let r = self.core.handle_put(now(t), o);
-        self.storage(t, rv, r)
+        self.step(&now_ms)?;
+        self.driver.handle_put(o).map_err(storage_error)
     }
 
     /// A storage delete of `key` at `rv`.
@@ -1253,9 +1180,8 @@ impl Cacher {
     ) -> Result<(), JsValue> {
         let key = bytes_arg("key", &key)?;
         let rv = u64_arg("rv", &rv)?;
-        let t = self.step(&now_ms)?;
-        let r = self.core.handle_delete(now(t), &key, rv);
-        self.storage(t, rv, r)
+        self.step(&now_ms)?;
+        self.driver.handle_delete(&key, rv).map_err(storage_error)
     }
 
     /// Every change of one revision at once: `changes` is an array of `["put", object]` and
@@ -1280,16 +1206,12 @@ impl Cacher {
                     "changes[{i}]: expected [\"put\", object] or [\"delete\", key]"
                 )));
             };
+            let arg = format!("changes[{i}][1]");
             match pair.get(0).as_string().as_deref() {
-                Some("put") => out.push(Change::Put(object_arg(
-                    &format!("changes[{i}][1]"),
-                    &pair.get(1),
-                    rv,
-                )?)),
-                Some("delete") => out.push(Change::Delete(Key::new(&bytes_arg(
-                    &format!("changes[{i}][1]"),
-                    &pair.get(1),
-                )?))),
+                Some("put") => out.push(Change::Put(object_arg(&arg, &pair.get(1), rv)?)),
+                Some("delete") => {
+                    out.push(Change::Delete(Key::new(&bytes_arg(&arg, &pair.get(1))?)))
+                }
                 _ => {
                     return Err(type_error(format!(
                         "changes[{i}]: the op must be \"put\" or \"delete\""
@@ -1297,9 +1219,8 @@ impl Cacher {
                 }
             }
         }
-        let t = self.step(&now_ms)?;
-        let r = self.core.handle_revision(now(t), rv, out);
-        self.storage(t, rv, r)
+        self.step(&now_ms)?;
+        self.driver.handle_revision(rv, out).map_err(storage_error)
     }
 
     /// A storage progress notify at `rv`.
@@ -1310,9 +1231,8 @@ impl Cacher {
         #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
     ) -> Result<(), JsValue> {
         let rv = u64_arg("rv", &rv)?;
-        let t = self.step(&now_ms)?;
-        let r = self.core.handle_progress(now(t), rv);
-        self.storage(t, rv, r)
+        self.step(&now_ms)?;
+        self.driver.handle_progress(rv).map_err(storage_error)
     }
 
     /// The upstream watch broke: the cache must relist.
@@ -1322,9 +1242,8 @@ impl Cacher {
         #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
         reason: Option<String>,
     ) -> Result<(), JsValue> {
-        let t = self.step(&now_ms)?;
-        self.core.handle_storage_error(now(t), reason.as_deref().unwrap_or("watch failed"));
-        self.collect(t);
+        self.step(&now_ms)?;
+        self.driver.handle_storage_error(reason.as_deref().unwrap_or("watch failed"));
         Ok(())
     }
 
@@ -1338,9 +1257,8 @@ impl Cacher {
     ) -> Result<(), JsValue> {
         let id = u64_arg("requestId", &request_id)?;
         let rv = u64_arg("rv", &rv)?;
-        let t = self.step(&now_ms)?;
-        self.core.handle_current_revision(now(t), RequestId(id), rv);
-        self.collect(t);
+        self.step(&now_ms)?;
+        self.driver.handle_current_revision(RequestId(id), rv);
         Ok(())
     }
 
@@ -1352,9 +1270,8 @@ impl Cacher {
         #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
     ) -> Result<(), JsValue> {
         let rv = u64_arg("rv", &rv)?;
-        let t = self.step(&now_ms)?;
-        self.core.handle_compaction(now(t), rv);
-        self.collect(t);
+        self.step(&now_ms)?;
+        self.driver.handle_compaction(rv);
         Ok(())
     }
 
@@ -1364,7 +1281,7 @@ impl Cacher {
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "ResourceVersion")] rv: JsValue,
     ) -> Result<(), JsValue> {
-        self.etcd_rv = u64_arg("rv", &rv)?;
+        self.driver.set_etcd_rv(u64_arg("rv", &rv)?);
         Ok(())
     }
 
@@ -1373,9 +1290,8 @@ impl Cacher {
         &mut self,
         #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        let t = self.step(&now_ms)?;
-        self.core.stop(now(t));
-        self.collect(t);
+        self.step(&now_ms)?;
+        self.driver.stop();
         Ok(())
     }
 
@@ -1404,51 +1320,38 @@ impl Cacher {
         ];
         let o = Opts::new("options", &options, KNOWN)?;
         let key = bytes_arg("key", &key)?;
-        let recursive = opt_bool(&o.path("recursive"), &o.get("recursive"))?.unwrap_or(true);
+        let recursive = o.bool("recursive")?.unwrap_or(true);
         let range_end = o.get("rangeEnd");
-        let range = if range_end.is_null() || range_end.is_undefined() {
-            let k = String::from_utf8(key)
+        let keys = if range_end.is_null() || range_end.is_undefined() {
+            let key = String::from_utf8(key)
                 .map_err(|_| type_error("key: a Kubernetes key must be UTF-8".into()))?;
-            KeyRange::kubernetes(&k, recursive)
+            KeySpec::Kubernetes { key, recursive }
         } else {
-            KeyRange::etcd(&key, &bytes_arg(&o.path("rangeEnd"), &range_end)?)
-        }
-        .map_err(|st| status_error(&st))?;
-        let mut req = WatchRequest::new(range, rv_param(&o.get("rv"))?);
-        req.send_initial_events =
-            opt_bool(&o.path("sendInitialEvents"), &o.get("sendInitialEvents"))?;
-        req.allow_bookmarks =
-            opt_bool(&o.path("allowBookmarks"), &o.get("allowBookmarks"))?.unwrap_or(false);
-        let labels =
-            opt_string(&o.path("labelSelector"), &o.get("labelSelector"))?.unwrap_or_default();
-        let fields =
-            opt_string(&o.path("fieldSelector"), &o.get("fieldSelector"))?.unwrap_or_default();
-        req.selector = Selector::parse(&labels, &fields).map_err(|st| status_error(&st))?;
-        req.timeout_ms = opt_u64(&o.path("timeoutMs"), &o.get("timeoutMs"))?;
-        req.consume = match opt_string(&o.path("consume"), &o.get("consume"))?.as_deref() {
-            None | Some("auto") => ConsumeMode::Auto,
-            Some("manual") => ConsumeMode::Manual,
-            Some(other) => {
-                return Err(type_error(format!(
-                    "options.consume: expected \"auto\" or \"manual\", got {other:?}"
-                )))
-            }
+            KeySpec::Etcd { key, range_end: bytes_arg(&o.path("rangeEnd"), &range_end)? }
         };
-        req.slow_policy = match opt_string(&o.path("slowPolicy"), &o.get("slowPolicy"))?.as_deref()
-        {
-            None | Some("terminate") => SlowPolicy::Terminate,
-            Some("lag") => SlowPolicy::Lag,
-            Some(other) => {
-                return Err(type_error(format!(
-                    "options.slowPolicy: expected \"terminate\" or \"lag\", got {other:?}"
-                )))
-            }
+        let spec = WatchSpec {
+            keys,
+            rv: rv_text(&o.get("rv"))?,
+            send_initial_events: o.bool("sendInitialEvents")?,
+            allow_bookmarks: o.bool("allowBookmarks")?.unwrap_or(false),
+            label_selector: o.string("labelSelector")?.unwrap_or_default(),
+            field_selector: o.string("fieldSelector")?.unwrap_or_default(),
+            timeout_ms: o.u64("timeoutMs")?,
+            consume: match o.string("consume")? {
+                None => cacher_core::ConsumeMode::Auto,
+                Some(s) => core_replay::spec::parse_consume(&s)
+                    .map_err(|m| type_error(format!("options.consume: {m}")))?,
+            },
+            slow_policy: match o.string("slowPolicy")? {
+                None => cacher_core::SlowPolicy::Terminate,
+                Some(s) => core_replay::spec::parse_slow_policy(&s)
+                    .map_err(|m| type_error(format!("options.slowPolicy: {m}")))?,
+            },
+            queue_capacity: o.u64("queueCapacity")?.map(|n| n as usize),
         };
-        req.queue_capacity =
-            opt_u64(&o.path("queueCapacity"), &o.get("queueCapacity"))?.map(|n| n as usize);
-        let t = self.step(&now_ms)?;
-        let id = self.core.start_watch(now(t), req).map_err(|st| status_error(&st))?;
-        self.collect(t);
+        let req = spec.to_request().map_err(|st| status_error(&st))?;
+        self.step(&now_ms)?;
+        let id = self.driver.start_watch(req).map_err(|st| status_error(&st))?;
         Ok(id.0 as f64)
     }
 
@@ -1460,10 +1363,8 @@ impl Cacher {
         #[wasm_bindgen(unchecked_param_type = "number")] id: JsValue,
     ) -> Result<bool, JsValue> {
         let id = u64_arg("id", &id)?;
-        let t = self.step(&now_ms)?;
-        let r = self.core.stop_watch(now(t), RequestId(id));
-        self.collect(t);
-        Ok(r)
+        self.step(&now_ms)?;
+        Ok(self.driver.stop_watch(RequestId(id)))
     }
 
     /// A manual watcher's client reads up to `max` queued events (all if omitted).
@@ -1475,10 +1376,8 @@ impl Cacher {
     ) -> Result<f64, JsValue> {
         let id = u64_arg("id", &id)?;
         let max = opt_u64("max", &max)?;
-        let t = self.step(&now_ms)?;
-        let n = self.core.consume(now(t), RequestId(id), max);
-        self.collect(t);
-        Ok(n as f64)
+        self.step(&now_ms)?;
+        Ok(self.driver.consume(RequestId(id), max) as f64)
     }
 
     /// Gives a manual watcher credit for `n` more events.
@@ -1491,10 +1390,8 @@ impl Cacher {
     ) -> Result<f64, JsValue> {
         let id = u64_arg("id", &id)?;
         let n = u64_arg("n", &n)?;
-        let t = self.step(&now_ms)?;
-        let d = self.core.grant_credit(now(t), RequestId(id), n);
-        self.collect(t);
-        Ok(d as f64)
+        self.step(&now_ms)?;
+        Ok(self.driver.grant_credit(RequestId(id), n) as f64)
     }
 
     /// Starts a list and returns its id. `options`: `{recursive, rv, rvMatch ("Exact" |
@@ -1508,22 +1405,19 @@ impl Cacher {
         const KNOWN: &[&str] =
             &["recursive", "rv", "rvMatch", "limit", "continue", "labelSelector", "fieldSelector"];
         let o = Opts::new("options", &options, KNOWN)?;
-        let key = string_arg("key", &key)?;
-        let recursive = opt_bool(&o.path("recursive"), &o.get("recursive"))?.unwrap_or(true);
-        let range = KeyRange::kubernetes(&key, recursive).map_err(|st| status_error(&st))?;
-        let mut req = ListRequest::new(range, rv_param(&o.get("rv"))?);
-        let m = opt_string(&o.path("rvMatch"), &o.get("rvMatch"))?.unwrap_or_default();
-        req.rv_match = RvMatch::parse(&m).map_err(|st| status_error(&st))?;
-        req.limit = opt_u64(&o.path("limit"), &o.get("limit"))?.unwrap_or(0);
-        req.continue_token = opt_string(&o.path("continue"), &o.get("continue"))?;
-        let labels =
-            opt_string(&o.path("labelSelector"), &o.get("labelSelector"))?.unwrap_or_default();
-        let fields =
-            opt_string(&o.path("fieldSelector"), &o.get("fieldSelector"))?.unwrap_or_default();
-        req.selector = Selector::parse(&labels, &fields).map_err(|st| status_error(&st))?;
-        let t = self.step(&now_ms)?;
-        let id = self.core.list(now(t), req).map_err(|st| status_error(&st))?;
-        self.collect(t);
+        let spec = ListSpec {
+            key: string_arg("key", &key)?,
+            recursive: o.bool("recursive")?.unwrap_or(true),
+            rv: rv_text(&o.get("rv"))?,
+            rv_match: o.string("rvMatch")?.unwrap_or_default(),
+            limit: o.u64("limit")?.unwrap_or(0),
+            continue_token: o.string("continue")?,
+            label_selector: o.string("labelSelector")?.unwrap_or_default(),
+            field_selector: o.string("fieldSelector")?.unwrap_or_default(),
+        };
+        let req = spec.to_request().map_err(|st| status_error(&st))?;
+        self.step(&now_ms)?;
+        let id = self.driver.list(req).map_err(|st| status_error(&st))?;
         Ok(id.0 as f64)
     }
 
@@ -1535,11 +1429,10 @@ impl Cacher {
         #[wasm_bindgen(unchecked_optional_param_type = "GetOptions | null")] options: JsValue,
     ) -> Result<f64, JsValue> {
         let o = Opts::new("options", &options, &["rv"])?;
-        let key = Key::new(&bytes_arg("key", &key)?);
-        let rv = rv_param(&o.get("rv"))?;
-        let t = self.step(&now_ms)?;
-        let id = self.core.get(now(t), GetRequest { key, rv }).map_err(|st| status_error(&st))?;
-        self.collect(t);
+        let spec = GetSpec { key: bytes_arg("key", &key)?, rv: rv_text(&o.get("rv"))? };
+        let req = spec.to_request().map_err(|st| status_error(&st))?;
+        self.step(&now_ms)?;
+        let id = self.driver.get(req).map_err(|st| status_error(&st))?;
         Ok(id.0 as f64)
     }
 
@@ -1554,22 +1447,20 @@ impl Cacher {
         let o = Opts::new("options", &options, &["rangeEnd", "revision", "linearizable", "limit"])?;
         let key = bytes_arg("key", &key)?;
         let end = o.get("rangeEnd");
-        let end = if end.is_null() || end.is_undefined() {
-            Vec::new()
-        } else {
-            bytes_arg(&o.path("rangeEnd"), &end)?
+        let spec = RangeSpec {
+            key,
+            range_end: if end.is_null() || end.is_undefined() {
+                Vec::new()
+            } else {
+                bytes_arg(&o.path("rangeEnd"), &end)?
+            },
+            revision: o.u64("revision")?.unwrap_or(0),
+            linearizable: o.bool("linearizable")?.unwrap_or(false),
+            limit: o.u64("limit")?.unwrap_or(0),
         };
-        let range = KeyRange::etcd(&key, &end).map_err(|st| status_error(&st))?;
-        let req = cacher_core::RangeRequest {
-            range,
-            revision: opt_u64(&o.path("revision"), &o.get("revision"))?.unwrap_or(0),
-            linearizable: opt_bool(&o.path("linearizable"), &o.get("linearizable"))?
-                .unwrap_or(false),
-            limit: opt_u64(&o.path("limit"), &o.get("limit"))?.unwrap_or(0),
-        };
-        let t = self.step(&now_ms)?;
-        let id = self.core.range(now(t), req).map_err(|st| status_error(&st))?;
-        self.collect(t);
+        let req = spec.to_request().map_err(|st| status_error(&st))?;
+        self.step(&now_ms)?;
+        let id = self.driver.range(req).map_err(|st| status_error(&st))?;
         Ok(id.0 as f64)
     }
 
@@ -1578,7 +1469,7 @@ impl Cacher {
         &mut self,
         #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        self.step(&now_ms).map(|_| ())
+        self.step(&now_ms)
     }
 
     /// The next output as a plain object (the shape `drain` gives), or null when there is
@@ -1586,16 +1477,8 @@ impl Cacher {
     /// item per call.
     #[wasm_bindgen(js_name = pollOutput, unchecked_return_type = "CacherOutput | null")]
     pub fn poll_output(&mut self) -> Result<JsValue, JsValue> {
-        while self.expanded.is_empty() {
-            let Some((at, out)) = self.buffered.pop_front() else {
-                return Ok(JsValue::NULL);
-            };
-            let mut items = Vec::new();
-            outputs_of(at, &out, &mut items);
-            self.expanded.extend(items);
-        }
-        match self.expanded.pop_front() {
-            Some(it) => to_js(&it),
+        match self.driver.poll_item() {
+            Some(item) => to_js(&output_of(item)),
             None => Ok(JsValue::NULL),
         }
     }
@@ -1604,13 +1487,9 @@ impl Cacher {
     /// per watcher).
     #[wasm_bindgen(unchecked_return_type = "CacherOutput[]")]
     pub fn drain(&mut self) -> Result<JsValue, JsValue> {
-        let mut items: Vec<JsOutput> = std::mem::take(&mut self.expanded).into();
-        for (at, out) in std::mem::take(&mut self.buffered) {
-            outputs_of(at, &out, &mut items);
-        }
-        let arr = Array::new_with_length(items.len() as u32);
-        for (i, it) in items.iter().enumerate() {
-            arr.set(i as u32, to_js(it)?);
+        let arr = Array::new();
+        while let Some(item) = self.driver.poll_item() {
+            arr.push(&to_js(&output_of(item))?);
         }
         Ok(arr.into())
     }
@@ -1618,7 +1497,7 @@ impl Cacher {
     /// The next deadline as `{atMs, reason}`, or null.
     #[wasm_bindgen(js_name = pollTimeout, unchecked_return_type = "Deadline | null")]
     pub fn poll_timeout(&self) -> JsValue {
-        match self.core.poll_timeout() {
+        match self.driver.cacher().poll_timeout() {
             None => JsValue::NULL,
             Some((t, r)) => {
                 let o = JsObject::new();
@@ -1632,43 +1511,43 @@ impl Cacher {
     /// The last `nowMs` given.
     #[wasm_bindgen(getter = nowMs)]
     pub fn now_ms(&self) -> f64 {
-        self.now_ms as f64
+        self.driver.now_ms() as f64
     }
 
     /// The cache's resourceVersion.
     #[wasm_bindgen(getter = resourceVersion)]
     pub fn resource_version(&self) -> u64 {
-        self.core.resource_version()
+        self.driver.cacher().resource_version()
     }
 
     /// The RV of the last list.
     #[wasm_bindgen(getter = listResourceVersion)]
     pub fn list_resource_version(&self) -> u64 {
-        self.core.list_resource_version()
+        self.driver.cacher().list_resource_version()
     }
 
     /// "pending", "ready" or "stopped".
     #[wasm_bindgen(getter = readyState, unchecked_return_type = "\"pending\" | \"ready\" | \"stopped\"")]
     pub fn ready_state(&self) -> String {
-        self.core.ready_state().as_str().into()
+        self.driver.cacher().ready_state().as_str().into()
     }
 
     /// Objects in the store.
     #[wasm_bindgen(getter = storeLen)]
     pub fn store_len(&self) -> f64 {
-        self.core.store_len() as f64
+        self.driver.cacher().store_len() as f64
     }
 
     /// Dispatch time budget available now, in ms.
     #[wasm_bindgen(getter = budgetMs)]
     pub fn budget_ms(&self) -> f64 {
-        self.core.budget_available_ms() as f64
+        self.driver.cacher().budget_available_ms() as f64
     }
 
     /// Requests parked (waiting for the gate, storage's revision, or freshness).
     #[wasm_bindgen(getter)]
     pub fn parked(&self) -> f64 {
-        self.core.parked_count() as f64
+        self.driver.cacher().parked_count() as f64
     }
 
     /// The ring buffer's window: `{oldestRv, newestRv, oldestServable, len, capacity,
@@ -1688,7 +1567,7 @@ impl Cacher {
             end_index: u64,
             evicted_since_relist: bool,
         }
-        let w = self.core.window();
+        let w = self.driver.cacher().window();
         to_js(&W {
             oldest_rv: w.oldest_rv,
             newest_rv: w.newest_rv,
@@ -1712,7 +1591,8 @@ impl Cacher {
             is_delete: bool,
         }
         let v: Vec<E> = self
-            .core
+            .driver
+            .cacher()
             .window_events()
             .map(|(rv, k, d)| E { rv, key: text(k), is_delete: d })
             .collect();
@@ -1722,14 +1602,15 @@ impl Cacher {
     /// The stored objects, in key order: `[{key, rv, value, labels, fields}]`.
     #[wasm_bindgen(unchecked_return_type = "Item[]")]
     pub fn objects(&self) -> Result<JsValue, JsValue> {
-        let v: Vec<JsItem> = self.core.objects().iter().map(|o| item_of(o)).collect();
+        let v: Vec<JsItem> = self.driver.cacher().objects().iter().map(|o| item_of(o)).collect();
         to_js(&v)
     }
 
     /// Open watches.
     #[wasm_bindgen(unchecked_return_type = "WatcherInfo[]")]
     pub fn watchers(&self) -> Result<JsValue, JsValue> {
-        let v: Vec<JsWatcher> = self.core.watchers().into_iter().map(JsWatcher::from).collect();
+        let v: Vec<JsWatcher> =
+            self.driver.cacher().watchers().into_iter().map(JsWatcher::from).collect();
         to_js(&v)
     }
 
@@ -1740,7 +1621,7 @@ impl Cacher {
         #[wasm_bindgen(unchecked_param_type = "number")] id: JsValue,
     ) -> Result<JsValue, JsValue> {
         let id = u64_arg("id", &id)?;
-        match self.core.watcher(RequestId(id)) {
+        match self.driver.cacher().watcher(RequestId(id)) {
             Some(w) => to_js(&JsWatcher::from(w)),
             None => Ok(JsValue::NULL),
         }
@@ -1748,87 +1629,14 @@ impl Cacher {
 
     /// The metrics (Kubernetes' watch-cache metric names, counts as BigInt).
     #[wasm_bindgen(unchecked_return_type = "Metrics")]
-    pub fn metrics(&self) -> Result<JsValue, JsValue> {
-        #[derive(Serialize)]
-        struct M<'a> {
-            events_received: u64,
-            events_dispatched: u64,
-            init_events: u64,
-            terminated_watchers: u64,
-            capacity_increases: u64,
-            capacity_decreases: u64,
-            initializations: u64,
-            cache_lists: &'a BTreeMap<String, u64>,
-            cache_list_fetched: &'a BTreeMap<String, u64>,
-            cache_list_returned: u64,
-            read_wait_buckets_ms: &'a [u64],
-            read_wait_counts: &'a [u64],
-            read_wait_sum_ms: u64,
-            consistent_reads_ok: u64,
-            consistent_reads_fallback: u64,
-            lists_delegated: u64,
-            gets_delegated: u64,
-            watches_delegated: u64,
-            watches_started: u64,
-            progress_requests: u64,
-            deliveries: u64,
-            bookmarks_sent: u64,
-            watch_expired: u64,
-        }
-        let m = self.core.metrics();
-        to_js(&M {
-            events_received: m.events_received,
-            events_dispatched: m.events_dispatched,
-            init_events: m.init_events,
-            terminated_watchers: m.terminated_watchers,
-            capacity_increases: m.capacity_increases,
-            capacity_decreases: m.capacity_decreases,
-            initializations: m.initializations,
-            cache_lists: &m.cache_lists,
-            cache_list_fetched: &m.cache_list_fetched,
-            cache_list_returned: m.cache_list_returned,
-            read_wait_buckets_ms: &cacher_core::READ_WAIT_BUCKETS_MS,
-            read_wait_counts: &m.read_wait_buckets,
-            read_wait_sum_ms: m.read_wait_sum_ms,
-            consistent_reads_ok: m.consistent_reads_ok,
-            consistent_reads_fallback: m.consistent_reads_fallback,
-            lists_delegated: m.lists_delegated,
-            gets_delegated: m.gets_delegated,
-            watches_delegated: m.watches_delegated,
-            watches_started: m.watches_started,
-            progress_requests: m.progress_requests,
-            deliveries: m.deliveries,
-            bookmarks_sent: m.bookmarks_sent,
-            watch_expired: m.watch_expired,
-        })
+    pub fn metrics(&self) -> JsValue {
+        fields_js(metrics_fields(self.driver.cacher().metrics()))
     }
 
     /// The configuration (scenario config field names).
     #[wasm_bindgen(unchecked_return_type = "CacherConfigInfo")]
-    pub fn config(&self) -> Result<JsValue, JsValue> {
-        let c = self.core.config();
-        let v = serde_json::json!({
-            "profile": c.profile.as_str(),
-            "capacity": c.capacity,
-            "lower_bound_capacity": c.lower_bound_capacity,
-            "upper_bound_capacity": c.upper_bound_capacity,
-            "dynamic_capacity": c.dynamic_capacity,
-            "event_fresh_ms": c.event_fresh_ms,
-            "bookmark_frequency_ms": c.bookmark_frequency_ms,
-            "dispatch_tick_ms": c.dispatch_tick_ms,
-            "dispatch_tick_jitter": c.dispatch_tick_jitter,
-            "freshness_timeout_ms": c.freshness_timeout_ms,
-            "budget_refill_ms_per_s": c.budget_refill_ms_per_s,
-            "budget_max_ms": c.budget_max_ms,
-            "watch_chan_size": c.watch_chan_size,
-            "index_field": c.index_field.as_deref(),
-            "watch_list": c.watch_list,
-            "consistent_list_from_cache": c.consistent_list_from_cache,
-            "resilient_initialization": c.resilient_initialization,
-            "list_from_cache_snapshot": c.list_from_cache_snapshot,
-        });
-        v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
-            .map_err(|e| js_error("WatchCacheError", 500, "InternalError", &e.to_string(), None))
+    pub fn config(&self) -> JsValue {
+        fields_js(config_fields(self.driver.cacher().config()))
     }
 }
 
