@@ -55,7 +55,8 @@ fuzz-smoke: setup-fuzz ## run each fuzz target for $(FUZZ_SECONDS)s (nightly + c
 python: setup-python ## build the Python extension (abi3 wheel) and install it into .venv
 	PATH="$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ROOT)/target $(VENV)/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./bindings-python
 
-test-python: python ## pytest: scenarios, API, errors, hypothesis, stubs, doctests, the notebooks
+# The surface test compares Python's Cacher with the JS one (the wasm package, run by node).
+test-python: python wasm ## pytest: scenarios, API, errors, hypothesis, stubs, doctests, the notebooks, parity with JS
 	$(CARGO) build -q -p host-etcd --bin watchcache
 	cd bindings-python && WATCHCACHE_CLI=$(ROOT)/target/debug/watchcache $(VENV)/bin/python -m pytest -q -p no:cacheprovider -rs tests
 
