@@ -2,11 +2,13 @@ package main
 
 // The driver: replays a scenario's steps against a real k8s.io/apiserver cacher.
 //
-// Time is the fake clock's. Before a step at T, time is stepped through every pending deadline
-// up to T in order (fake timers and tickers, the end of a blocked dispatch's time budget, watch
-// and request deadlines), and after every change the driver waits for quiescence (quiesce.go),
-// collects finished requests and lets `auto` clients read everything their result channel
-// holds. So every record's `at` is the fake time at which the client saw it.
+// Everything runs in one testing/synctest bubble (oracle_test.go): the bubble's clock is
+// scenario time, and it only moves when every goroutine of the bubble is durably blocked. Before
+// a step at T the driver sleeps until T (every timer due by then fires, in order, and what it
+// wakes runs to completion) and synctest.Wait()s, so the step finds the cacher quiescent, as
+// the core's replayer does; after the step it waits again. Clients record what they see at the
+// bubble time they see it: an `auto` client's goroutine reads its result channel as events
+// arrive; a `manual` one is read by the driver on `consume`.
 
 import (
 	"bytes"
@@ -19,10 +21,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing/synctest"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
 	metainternalversionvalidation "k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
@@ -35,7 +37,6 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
 	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/storage"
-	"k8s.io/apiserver/pkg/storage/cacher"
 	storeerr "k8s.io/apiserver/pkg/storage/errors"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/component-base/featuregate"
@@ -44,53 +45,52 @@ import (
 var podsResource = schema.GroupResource{Resource: "pods"}
 
 type driver struct {
-	cfg   config
-	clock *fakeClock
-	q     *quiescer
-	fs    *fakeStorage
-	kube  *kube // the version's cacher (compat_*.go)
-	log   *klogCapture
+	cfg    config
+	clock  *jitterClock
+	fs     *fakeStorage
+	kube   *kube // the version's cacher (compat/<profile>/compat.go)
+	log    *klogCapture
+	skips  map[string]string
+	prefix string
+	start  time.Time
 
-	mu    sync.Mutex
-	trace []record
-	// requests handed to storage (their records end there)
-	delegatedIDs map[string]bool
-
-	clients []*client
-	byID    map[string]*client
-	results chan func()
-
-	budget        *budgetBridge
-	relists       int // fs.lists seen at the last check
+	// mu guards the trace and the clients' state. Never call into the cacher while holding it:
+	// the cacher logs (klogCapture takes mu) while it holds its own locks.
+	mu            sync.Mutex
+	trace         []record
+	delegatedIDs  map[string]bool // requests handed to storage: their records end there
+	clients       []*client
+	byID          map[string]*client
 	cacherStopped bool
-	skips         map[string]string
-	prefix        string
+	// the cacher's account of watchers it closed, not yet matched to a closed stream
+	unresponsive map[string]int // by watcher identifier (cache_watcher.go's)
+	invalidated  int
 }
 
 type client struct {
-	id     string
-	kind   string // watch, list, get
-	ctx    *reqCtx
-	manual bool
+	id, kind   string
+	ctx        *reqCtx
+	manual     bool
+	identifier string // as the cacher logs it: key, labels, fields
 
-	pending bool // the request is still inside the cacher
-	w       watch.Interface
-	open    bool // readable by the client
-	// why the watch ended, once known
+	pending   bool // the request is still inside the cacher
+	w         watch.Interface
+	isCacheW  bool
+	open      bool // the client still reads its stream
 	cause     string
 	errorSeen bool
-	stopNoted bool
-	isCacheW  bool
-	// dlActive: the client's deadline still matters (a watch pending or open, a read pending)
-	dlActive bool
 }
 
-func (d *driver) now() uint64 { return uint64(d.clock.Now().Sub(epoch) / time.Millisecond) }
+func (d *driver) now() uint64 { return uint64(time.Since(d.start) / time.Millisecond) }
 
-// emit appends a record at the current fake time (called from any goroutine).
+// emit appends a record at the current time.
 func (d *driver) emit(r record) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.emitLocked(r)
+}
+
+func (d *driver) emitLocked(r record) {
 	r.At = d.now()
 	d.trace = append(d.trace, r)
 }
@@ -98,138 +98,51 @@ func (d *driver) emit(r record) {
 // delegated records that the cacher handed a client's request to storage.
 func (d *driver) delegated(id, kind string) {
 	d.mu.Lock()
-	first := !d.delegatedIDs[id]
-	d.delegatedIDs[id] = true
-	d.mu.Unlock()
-	if first {
-		d.emit(record{ID: ptr(id), Type: kind, Source: ptr("storage")})
+	defer d.mu.Unlock()
+	if !d.delegatedIDs[id] {
+		d.delegatedIDs[id] = true
+		d.emitLocked(record{ID: ptr(id), Type: kind, Source: ptr("storage")})
 	}
 }
 
-func (d *driver) isDelegated(id string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.delegatedIDs[id]
-}
+// --- contexts -----------------------------------------------------------------------------
 
-// --- contexts on the fake clock ------------------------------------------------------------
-
-// reqCtx is a request's context: its deadline is in fake time and it is cancelled by the
-// driver (deadline reached, client gone), never by a real timer.
+// reqCtx is a request's context: it carries the request id (so that storage knows on whose
+// behalf the cacher calls it) and is cancelled by the client going away.
 type reqCtx struct {
 	context.Context
-	id       string
-	deadline time.Time
-	hasDL    bool
-	done     chan struct{}
-	mu       sync.Mutex
-	err      error
+	id     string
+	cancel context.CancelFunc
 }
 
-func newReqCtx(id string) *reqCtx {
-	return &reqCtx{Context: context.Background(), id: id, done: make(chan struct{})}
+func (d *driver) newCtx(id string, timeout time.Duration) *reqCtx {
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	return &reqCtx{Context: ctx, id: id, cancel: cancel}
 }
 
-func (c *reqCtx) Deadline() (time.Time, bool) { return c.deadline, c.hasDL }
-func (c *reqCtx) Done() <-chan struct{}       { return c.done }
-func (c *reqCtx) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
 func (c *reqCtx) Value(k any) any {
 	if _, ok := k.(reqIDKey); ok {
 		return c.id
 	}
 	return c.Context.Value(k)
 }
-func (c *reqCtx) cancel(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = err
-		close(c.done)
-	}
-}
-
-// --- the dispatch time budget on the fake clock --------------------------------------------
-
-// budgetBridge hands Kubernetes' own time budget (on the fake clock) to the dispatch loop. The
-// loop arms a real time.Timer with what it gets; the bridge gives it an hour instead and
-// remembers when the fake budget ends, and the driver fires that timer when the fake clock gets
-// there (KubeOracleFireDispatchTimer). What the loop returns unused is recomputed in fake time.
-type budgetBridge struct {
-	inner    cacher.KubeOracleBudget
-	clock    *fakeClock
-	mu       sync.Mutex
-	armed    bool
-	start    time.Time
-	timeout  time.Duration
-	deadline time.Time
-	fired    bool
-}
-
-const budgetStandIn = time.Hour
-
-func (b *budgetBridge) TakeAvailable() time.Duration {
-	t := b.inner.TakeAvailable()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	now := b.clock.Now()
-	b.armed, b.fired, b.start, b.timeout, b.deadline = true, false, now, t, now.Add(t)
-	return budgetStandIn
-}
-
-func (b *budgetBridge) ReturnUnused(time.Duration) {
-	b.mu.Lock()
-	used := b.clock.Now().Sub(b.start)
-	unused := b.timeout - used
-	b.armed = false
-	b.mu.Unlock()
-	b.inner.ReturnUnused(unused)
-}
-
-// due returns the budget's end if a dispatch is blocked on it and it has not fired.
-func (b *budgetBridge) due() (time.Time, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.deadline, b.armed && !b.fired
-}
-
-// waitReturned waits (real time) until the blocked dispatch has returned its budget.
-func (b *budgetBridge) waitReturned() {
-	start := time.Now()
-	for {
-		b.mu.Lock()
-		armed := b.armed
-		b.mu.Unlock()
-		if !armed {
-			return
-		}
-		if time.Since(start) > time.Minute {
-			fmt.Fprintln(os.Stderr, "kube-oracle: the dispatch loop did not return its budget after its timer fired")
-			os.Exit(70)
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
-}
-
-func (b *budgetBridge) markFired() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.fired = true
-}
 
 // --- klog: the cacher's own account of why it closed a watcher -----------------------------
 
 type klogCapture struct {
-	mu           sync.Mutex
-	unresponsive int
-	invalidated  int
-	verbose      bool
-	buf          bytes.Buffer
+	d       *driver
+	mu      sync.Mutex
+	verbose bool
+	buf     bytes.Buffer
 }
 
+// Write runs in the goroutine that logs, synchronously: when the cacher terminates all
+// watchers (before every relist, and when it stops) it logs first, holding its lock.
 func (k *klogCapture) Write(p []byte) (int, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -241,12 +154,7 @@ func (k *klogCapture) Write(p []byte) (int, error) {
 			k.buf.WriteString(line)
 			break
 		}
-		if strings.Contains(line, "watcher close due to unresponsiveness") {
-			k.unresponsive++
-		}
-		if strings.Contains(line, "couldn't retrieve watch event to serve") {
-			k.invalidated++
-		}
+		k.d.noteLog(line)
 		if k.verbose {
 			os.Stderr.WriteString(line)
 		}
@@ -254,153 +162,115 @@ func (k *klogCapture) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (k *klogCapture) take() (unresponsive, invalidated int) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	u, i := k.unresponsive, k.invalidated
-	k.unresponsive, k.invalidated = 0, 0
-	return u, i
+func (d *driver) noteLog(line string) {
+	switch {
+	case strings.Contains(line, "watcher close due to unresponsiveness: "):
+		id := line[strings.Index(line, "unresponsiveness: ")+len("unresponsiveness: "):]
+		if i := strings.Index(id, ". len(c.input)"); i >= 0 {
+			id = id[:i]
+		}
+		d.mu.Lock()
+		d.unresponsive[normalizeIdentifier(id)]++
+		d.mu.Unlock()
+	case strings.Contains(line, "couldn't retrieve watch event to serve"):
+		d.mu.Lock()
+		d.invalidated++
+		d.mu.Unlock()
+	case strings.Contains(line, "Terminating all watchers from cacher"):
+		// terminateAllWatchers holds the cacher's lock while it logs this, so the watchers'
+		// stopped flags can be read here.
+		d.mu.Lock()
+		for _, c := range d.clients {
+			if c.open && c.isCacheW && c.cause == "" && !d.kube.watcherStoppedLocked(c.w) {
+				c.cause = "reinitializing"
+				if d.cacherStopped {
+					c.cause = "stopped"
+				}
+			}
+		}
+		d.mu.Unlock()
+	}
 }
 
 // --- running ---------------------------------------------------------------------------------
 
-// maxDeadlines bounds the timer expirations of one scenario (the core refuses more than 1e6).
-const maxDeadlines = 2_000_000
-
 func (d *driver) run(sc *scenario) error {
-	steps := 0
 	for i, st := range sc.Steps {
-		target := epoch.Add(time.Duration(st.At) * time.Millisecond)
-		for {
-			d.settle()
-			next, ok := d.nextDeadline()
-			if !ok || next.After(target) {
-				break
-			}
-			steps++
-			if steps > maxDeadlines {
-				return fmt.Errorf("steps[%d]: too many timer expirations before %d ms", i, st.At)
-			}
-			d.clock.setTime(next)
+		target := d.start.Add(time.Duration(st.At) * time.Millisecond)
+		if dt := time.Until(target); dt > 0 {
+			time.Sleep(dt)
 		}
-		d.clock.setTime(target)
-		d.settle()
-		if err := d.apply(i, st); err != nil {
+		synctest.Wait()
+		if err := d.apply(st); err != nil {
 			return fmt.Errorf("steps[%d] (%s): %v", i, st.Op, err)
 		}
-		d.settle()
+		synctest.Wait()
 	}
 	return nil
 }
 
-// nextDeadline is the earliest of the fake clock's waiters, the blocked dispatch's budget end and
-// the clients' deadlines.
-func (d *driver) nextDeadline() (time.Time, bool) {
-	best, ok := d.clock.nextDeadline()
-	consider := func(t time.Time) {
-		if !ok || t.Before(best) {
-			best, ok = t, true
-		}
-	}
-	if t, armed := d.budget.due(); armed {
-		consider(t)
-	}
-	for _, c := range d.clients {
-		if c.dlActive && c.ctx.Err() == nil {
-			consider(c.ctx.deadline)
-		}
-	}
-	return best, ok
-}
-
-// settle waits until nothing moves any more: quiescence, finished requests, auto clients'
-// reads, and whatever is due at the current instant (one kind at a time: fake timers, then the
-// budget, then client deadlines).
-func (d *driver) settle() {
-	for {
-		d.q.wait()
-		progressed := false
-	collect:
-		for {
-			select {
-			case f := <-d.results:
-				f()
-				progressed = true
-			default:
-				break collect
-			}
-		}
-		d.noteStops()
-		for _, c := range d.clients {
-			if c.open && !c.manual {
-				if d.read(c, -1) > 0 {
-					progressed = true
-				}
-			}
-		}
-		if progressed {
-			continue
-		}
-		now := d.clock.Now()
-		if n := d.clock.setTime(now); n > 0 {
-			continue
-		}
-		if t, armed := d.budget.due(); armed && !t.After(now) {
-			d.budget.markFired()
-			d.kube.fireDispatchTimer()
-			// The real timer fires asynchronously, and until it has, the dispatch goroutine
-			// still looks parked: wait until the dispatch has given the budget back.
-			d.budget.waitReturned()
-			continue
-		}
-		if d.expireDeadlines(now) {
-			continue
-		}
+// follow is a client reading its watch: an auto client reads every event as it comes; both end
+// the stream at the request's deadline, as the watch server does (it stops the watcher).
+func (d *driver) follow(c *client) {
+	if c.manual {
+		<-c.ctx.Done()
+		d.endAtDeadline(c)
 		return
 	}
-}
-
-func (d *driver) expireDeadlines(now time.Time) bool {
-	fired := false
-	for _, c := range d.clients {
-		if !c.dlActive || c.ctx.Err() != nil || c.ctx.deadline.After(now) {
-			continue
+	for {
+		select {
+		case <-c.ctx.Done():
+			d.endAtDeadline(c)
+			return
+		default:
 		}
-		fired = true
-		c.dlActive = false
-		if c.kind == "watch" && c.open {
-			// The watch server ends the stream at the request's timeout and stops the watcher.
-			d.emit(record{ID: ptr(c.id), Type: "CLOSED", Cause: ptr("timeout")})
-			c.open = false
-			c.w.Stop()
-		}
-		c.ctx.cancel(context.DeadlineExceeded)
-	}
-	return fired
-}
-
-// read lets a client read up to max events (all if max < 0) from its result channel.
-func (d *driver) read(c *client, max int) int {
-	n := 0
-	for c.open && (max < 0 || n < max) {
 		select {
 		case ev, ok := <-c.w.ResultChan():
+			d.mu.Lock()
 			if !ok {
-				c.open, c.dlActive = false, false
-				if !d.isDelegated(c.id) {
-					d.emit(record{ID: ptr(c.id), Type: "CLOSED", Cause: ptr(d.closeCause(c))})
-				}
-				return n
+				d.closedLocked(c)
+				d.mu.Unlock()
+				return
 			}
-			n++
-			if !d.isDelegated(c.id) {
-				d.emit(eventRecord(c, ev))
-			}
-		default:
-			return n
+			d.deliverLocked(c, ev)
+			d.mu.Unlock()
+		case <-c.ctx.Done():
+			d.endAtDeadline(c)
+			return
 		}
 	}
-	return n
+}
+
+func (d *driver) endAtDeadline(c *client) {
+	d.mu.Lock()
+	timedOut := c.open && c.ctx.Err() == context.DeadlineExceeded
+	if timedOut {
+		c.open = false
+		if !d.delegatedIDs[c.id] {
+			d.emitLocked(record{ID: ptr(c.id), Type: "CLOSED", Cause: ptr("timeout")})
+		}
+	}
+	d.mu.Unlock()
+	if timedOut {
+		c.w.Stop()
+	}
+}
+
+func (d *driver) deliverLocked(c *client, ev watch.Event) {
+	if !c.open || d.delegatedIDs[c.id] {
+		return
+	}
+	d.emitLocked(eventRecord(c, ev))
+}
+
+func (d *driver) closedLocked(c *client) {
+	if !c.open {
+		return
+	}
+	c.open = false
+	if !d.delegatedIDs[c.id] {
+		d.emitLocked(record{ID: ptr(c.id), Type: "CLOSED", Cause: ptr(d.closeCauseLocked(c))})
+	}
 }
 
 func eventRecord(c *client, ev watch.Event) record {
@@ -425,8 +295,8 @@ func eventRecord(c *client, ev watch.Event) record {
 	return r
 }
 
-// closeCause is why a watch ended, from what the driver saw (see noteStops).
-func (d *driver) closeCause(c *client) string {
+// closeCauseLocked is why a stream ended, from what the driver and the cacher's log say.
+func (d *driver) closeCauseLocked(c *client) string {
 	switch {
 	case c.cause != "":
 		return c.cause
@@ -435,63 +305,32 @@ func (d *driver) closeCause(c *client) string {
 	case !c.isCacheW:
 		// newImmediateCloseWatcher: the cache was reinitialised while the watch was set up.
 		return "reinitializing"
+	case d.unresponsive[c.identifier] > 0:
+		d.unresponsive[c.identifier]--
+		return "unresponsive"
+	case d.invalidated > 0:
+		// processInterval gave up: the interval was invalidated (a Kubernetes client just
+		// sees the stream end).
+		d.invalidated--
+		return "error"
+	case d.cacherStopped:
+		return "stopped"
 	}
 	return "unknown"
 }
 
-// noteStops finds the cacheWatchers the cacher stopped since the last look and decides why,
-// from the cacher's own log lines ("Forcing ... watcher close due to unresponsiveness",
-// "couldn't retrieve watch event to serve"), a relist (storage was asked to list again) or
-// Stop().
-func (d *driver) noteStops() {
-	unresponsive, invalidated := d.log.take()
-	d.fs.mu.Lock()
-	lists := d.fs.lists
-	d.fs.mu.Unlock()
-	relisted := lists > d.relists
-	d.relists = lists
-	for _, c := range d.clients {
-		if c.kind != "watch" || c.w == nil || !c.isCacheW || c.stopNoted || c.cause != "" {
-			continue
-		}
-		stopped, _ := d.kube.watcherStopped(c.w)
-		if !stopped {
-			continue
-		}
-		c.stopNoted = true
-		switch {
-		case d.cacherStopped:
-			c.cause = "stopped"
-		case unresponsive > 0:
-			unresponsive--
-			c.cause = "unresponsive"
-		case invalidated > 0:
-			invalidated--
-			c.cause = "error"
-		case relisted:
-			c.cause = "reinitializing"
-		}
-	}
-}
-
 // --- steps -----------------------------------------------------------------------------------
 
-func (d *driver) apply(i int, st step) error {
+func (d *driver) apply(st step) error {
 	switch st.Op {
 	case "replace":
 		objs, err := st.objects(st.rv())
 		if err != nil {
 			return err
 		}
-		if !d.fs.listPending() {
-			// A relist the scenario did not announce: break the watch first.
-			d.fs.fail("relist")
-			d.settle()
-		}
 		return d.fs.replace(st.rv(), objs)
 	case "put":
-		raw := st.Raw["object"]
-		o, err := parseObject(raw, st.rv())
+		o, err := parseObject(st.Raw["object"], st.rv())
 		if err != nil {
 			return err
 		}
@@ -544,16 +383,7 @@ func (d *driver) apply(i int, st step) error {
 		if m, _ := u64Field(st.Raw, "max"); m != nil {
 			max = int(*m)
 		}
-		for max != 0 {
-			d.settle()
-			n := d.read(c, max)
-			if n == 0 {
-				break
-			}
-			if max > 0 {
-				max -= n
-			}
-		}
+		d.consume(c, max)
 	case "stop_watch":
 		c := d.byID[st.id()]
 		if c == nil {
@@ -561,7 +391,9 @@ func (d *driver) apply(i int, st step) error {
 		}
 		d.stopClient(c)
 	case "stop_cacher":
+		d.mu.Lock()
 		d.cacherStopped = true
+		d.mu.Unlock()
 		go d.kube.stop()
 	case "advance":
 	default:
@@ -570,43 +402,77 @@ func (d *driver) apply(i int, st step) error {
 	return nil
 }
 
-func (d *driver) stopClient(c *client) {
-	switch {
-	case c.pending:
-		// The client gives up on a request that is still waiting inside the cacher.
-		c.ctx.cancel(context.Canceled)
-	case c.open:
-		c.open, c.dlActive = false, false
-		c.cause = "stopped"
-		if !d.isDelegated(c.id) {
-			d.emit(record{ID: ptr(c.id), Type: "CLOSED", Cause: ptr("stopped")})
+// consume is a manual client reading up to max events (all if max < 0); between two reads the
+// cacher may refill the result channel.
+func (d *driver) consume(c *client, max int) {
+	for n := 0; max < 0 || n < max; {
+		synctest.Wait()
+		d.mu.Lock()
+		if !c.open {
+			d.mu.Unlock()
+			return
 		}
-		c.w.Stop()
-		c.ctx.cancel(context.Canceled)
+		select {
+		case ev, ok := <-c.w.ResultChan():
+			if !ok {
+				d.closedLocked(c)
+				d.mu.Unlock()
+				return
+			}
+			d.deliverLocked(c, ev)
+			n++
+			d.mu.Unlock()
+		default:
+			d.mu.Unlock()
+			return
+		}
 	}
 }
 
-func (d *driver) newClient(id, kind string) *client {
-	c := &client{id: id, kind: kind, ctx: newReqCtx(id)}
+func (d *driver) stopClient(c *client) {
+	d.mu.Lock()
+	pending, open := c.pending, c.open
+	if open {
+		c.open = false
+		c.cause = "stopped"
+		if !d.delegatedIDs[c.id] {
+			d.emitLocked(record{ID: ptr(c.id), Type: "CLOSED", Cause: ptr("stopped")})
+		}
+	}
+	d.mu.Unlock()
+	switch {
+	case pending:
+		// The client gives up on a request that is still waiting inside the cacher.
+		c.ctx.cancel()
+	case open:
+		c.w.Stop()
+		c.ctx.cancel()
+	}
+}
+
+func (d *driver) newClient(id, kind string, timeout time.Duration) *client {
+	c := &client{id: id, kind: kind, ctx: d.newCtx(id, timeout)}
+	d.mu.Lock()
 	d.clients = append(d.clients, c)
 	d.byID[id] = c
+	d.mu.Unlock()
 	return c
 }
 
-func (d *driver) reject(id string, err error) {
+func rejection(id string, err error) record {
 	st := responsewriters.ErrorToAPIStatus(err)
 	r := record{ID: ptr(id), Type: "REJECTED", Code: ptr(st.Code), Reason: ptr(string(st.Reason)), Message: ptr(st.Message)}
 	if st.Details != nil && st.Details.RetryAfterSeconds > 0 {
 		r.RetryAfterS = ptr(st.Details.RetryAfterSeconds)
 	}
-	d.emit(r)
+	return r
 }
+
+func watchListEnabled() bool { return utilfeature.DefaultFeatureGate.Enabled(features.WatchList) }
 
 // skipListDefaults (run -no-list-defaults) leaves out SetListOptionsDefaults, to see what the
 // cacher alone does with a legacy watch when WatchList is on (for investigation only).
 var skipListDefaults bool
-
-func watchListEnabled() bool { return utilfeature.DefaultFeatureGate.Enabled(features.WatchList) }
 
 // decodeListOptions is the request layer of endpoints/handlers/get.go (ListResource): query
 // parameters through the ParameterCodec (400 on failure), defaults, ValidateListOptions (422).
@@ -616,7 +482,7 @@ func decodeListOptions(q url.Values) (*metainternalversion.ListOptions, error) {
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
 	if !skipListDefaults {
-		setListOptionsDefaults(&opts, watchListEnabled())
+		metainternalversion.SetListOptionsDefaults(&opts, watchListEnabled())
 	}
 	if errs := metainternalversionvalidation.ValidateListOptions(&opts, watchListEnabled()); len(errs) > 0 {
 		return nil, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs)
@@ -642,13 +508,6 @@ func (d *driver) predicate(opts *metainternalversion.ListOptions) storage.Select
 }
 
 func (d *driver) startWatch(w watchSpec) {
-	c := d.newClient(w.ID, "watch")
-	c.manual = w.Manual
-	if why, skip := d.skips[w.ID]; skip {
-		_ = why
-		c.kind = "skipped"
-		return
-	}
 	q := url.Values{"watch": {"true"}}
 	if w.RV != "" {
 		q.Set("resourceVersion", w.RV)
@@ -670,51 +529,64 @@ func (d *driver) startWatch(w watchSpec) {
 	if w.TimeoutMs != nil {
 		q.Set("timeoutSeconds", strconv.FormatUint(*w.TimeoutMs/1000, 10))
 	}
-	opts, err := decodeListOptions(q)
-	if err != nil {
-		d.reject(w.ID, err)
+	if _, skip := d.skips[w.ID]; skip {
+		d.newClient(w.ID, "skipped", 0)
 		return
 	}
-	if opts.TimeoutSeconds != nil && *opts.TimeoutSeconds > 0 {
-		c.ctx.deadline = d.clock.Now().Add(time.Duration(*opts.TimeoutSeconds) * time.Second)
-		c.ctx.hasDL, c.dlActive = true, true
+	opts, err := decodeListOptions(q)
+	var timeout time.Duration
+	if err == nil && opts.TimeoutSeconds != nil {
+		timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
+	}
+	c := d.newClient(w.ID, "watch", timeout)
+	c.manual = w.Manual
+	if err != nil {
+		d.emit(rejection(w.ID, err))
+		return
 	}
 	pred := d.predicate(opts)
 	pred.AllowWatchBookmarks = opts.AllowWatchBookmarks
 	sopts := storage.ListOptions{ResourceVersion: opts.ResourceVersion, Predicate: pred,
 		Recursive: w.Recursive, SendInitialEvents: opts.SendInitialEvents}
+	c.identifier = normalizeIdentifier(fmt.Sprintf("key: %q, labels: %q, fields: %q", w.Key, pred.Label, pred.Field))
 	c.pending = true
 	front := d.kube.front
 	go func() {
 		wi, err := front.Watch(c.ctx, w.Key, sopts)
-		d.results <- func() {
-			c.pending = false
-			if d.isDelegated(c.id) {
-				c.w, c.dlActive = wi, false
-				return
-			}
-			if err != nil {
-				c.dlActive = false
-				d.reject(c.id, err)
-				return
-			}
-			c.w, c.open = wi, true
-			_, c.isCacheW = d.kube.watcherStopped(wi)
-			if c.ctx.Err() != nil {
-				// the client went away while the cacher set the watch up
-				c.open = false
-				wi.Stop()
-			}
+		isCacheW := err == nil && d.kube.isCacheWatcher(wi)
+		var rej record
+		if err != nil {
+			rej = rejection(c.id, err) // (may log: never under d.mu)
 		}
+		d.mu.Lock()
+		c.pending = false
+		switch {
+		case d.delegatedIDs[c.id]:
+			d.mu.Unlock()
+			return
+		case err != nil:
+			d.emitLocked(rej)
+			d.mu.Unlock()
+			return
+		}
+		c.w, c.isCacheW = wi, isCacheW
+		gone := c.ctx.Err() != nil // the client went away while the cacher set the watch up
+		c.open = !gone
+		d.mu.Unlock()
+		if gone {
+			wi.Stop()
+			return
+		}
+		d.follow(c)
 	}()
 }
 
 func (d *driver) startList(l listSpec) {
-	c := d.newClient(l.ID, "list")
 	if _, skip := d.skips[l.ID]; skip {
-		c.kind = "skipped"
+		d.newClient(l.ID, "skipped", 0)
 		return
 	}
+	c := d.newClient(l.ID, "list", time.Duration(d.cfg.RequestTimeoutMs)*time.Millisecond)
 	q := url.Values{}
 	if l.RV != "" {
 		q.Set("resourceVersion", l.RV)
@@ -736,10 +608,9 @@ func (d *driver) startList(l listSpec) {
 	}
 	opts, err := decodeListOptions(q)
 	if err != nil {
-		d.reject(l.ID, err)
+		d.emit(rejection(l.ID, err))
 		return
 	}
-	d.withRequestTimeout(c)
 	pred := d.predicate(opts)
 	pred.Limit, pred.Continue = opts.Limit, opts.Continue
 	sopts := storage.ListOptions{ResourceVersion: opts.ResourceVersion, ResourceVersionMatch: opts.ResourceVersionMatch,
@@ -750,39 +621,43 @@ func (d *driver) startList(l listSpec) {
 		list := &example.PodList{}
 		err := front.GetList(c.ctx, l.Key, sopts, list)
 		err = storeerr.InterpretListError(err, podsResource)
-		d.results <- func() {
-			c.pending, c.dlActive = false, false
-			if d.isDelegated(c.id) {
-				return
-			}
-			if err != nil {
-				d.reject(c.id, err)
-				return
-			}
-			r := record{ID: ptr(c.id), Type: "LIST", Source: ptr("cache")}
-			rv, _ := strconv.ParseUint(list.ResourceVersion, 10, 64)
-			r.RV = &rv
-			items := []item{}
-			for i := range list.Items {
-				key, irv, value, _ := describe(&list.Items[i])
-				items = append(items, item{Key: key, RV: irv, Value: value})
-			}
-			r.Items = &items
-			if list.Continue != "" {
-				r.Continue = ptr(list.Continue)
-			}
-			r.Remaining = list.RemainingItemCount
-			d.emit(r)
+		var rej record
+		if err != nil {
+			rej = rejection(c.id, err) // (may log: never under d.mu)
 		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		c.pending = false
+		if d.delegatedIDs[c.id] {
+			return
+		}
+		if err != nil {
+			d.emitLocked(rej)
+			return
+		}
+		r := record{ID: ptr(c.id), Type: "LIST", Source: ptr("cache")}
+		rv, _ := strconv.ParseUint(list.ResourceVersion, 10, 64)
+		r.RV = &rv
+		items := []item{}
+		for i := range list.Items {
+			key, irv, value, _ := describe(&list.Items[i])
+			items = append(items, item{Key: key, RV: irv, Value: value})
+		}
+		r.Items = &items
+		if list.Continue != "" {
+			r.Continue = ptr(list.Continue)
+		}
+		r.Remaining = list.RemainingItemCount
+		d.emitLocked(r)
 	}()
 }
 
 func (d *driver) startGet(id, key, rv string) {
-	c := d.newClient(id, "get")
 	if _, skip := d.skips[id]; skip {
-		c.kind = "skipped"
+		d.newClient(id, "skipped", 0)
 		return
 	}
+	c := d.newClient(id, "get", time.Duration(d.cfg.RequestTimeoutMs)*time.Millisecond)
 	// endpoints/handlers/get.go (GetResource): GetOptions through the ParameterCodec.
 	var opts metav1.GetOptions
 	q := url.Values{}
@@ -790,10 +665,9 @@ func (d *driver) startGet(id, key, rv string) {
 		q.Set("resourceVersion", rv)
 	}
 	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(q, metav1.SchemeGroupVersion, &opts); err != nil {
-		d.reject(id, apierrors.NewBadRequest(err.Error()))
+		d.emit(rejection(id, apierrors.NewBadRequest(err.Error())))
 		return
 	}
-	d.withRequestTimeout(c)
 	name := key[strings.LastIndexByte(key, '/')+1:]
 	c.pending = true
 	front := d.kube.front
@@ -803,27 +677,24 @@ func (d *driver) startGet(id, key, rv string) {
 		if err != nil && err != errDelegated {
 			err = storeerr.InterpretGetError(err, podsResource, name)
 		}
-		d.results <- func() {
-			c.pending, c.dlActive = false, false
-			if d.isDelegated(c.id) {
-				return
-			}
-			if err != nil {
-				d.reject(c.id, err)
-				return
-			}
-			k, irv, value, _ := describe(pod)
-			items := []item{{Key: k, RV: irv, Value: value}}
-			d.emit(record{ID: ptr(c.id), Type: "GET", Source: ptr("cache"), Items: &items})
+		var rej record
+		if err != nil && err != errDelegated {
+			rej = rejection(c.id, err) // (may log: never under d.mu)
 		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		c.pending = false
+		if d.delegatedIDs[c.id] {
+			return
+		}
+		if err != nil {
+			d.emitLocked(rej)
+			return
+		}
+		k, irv, value, _ := describe(pod)
+		items := []item{{Key: k, RV: irv, Value: value}}
+		d.emitLocked(record{ID: ptr(c.id), Type: "GET", Source: ptr("cache"), Items: &items})
 	}()
-}
-
-// withRequestTimeout gives a list or get the apiserver's request timeout (--request-timeout,
-// the core's request_timeout_ms) as its deadline.
-func (d *driver) withRequestTimeout(c *client) {
-	c.ctx.deadline = d.clock.Now().Add(time.Duration(d.cfg.RequestTimeoutMs) * time.Millisecond)
-	c.ctx.hasDL, c.dlActive = true, true
 }
 
 // --- the result ------------------------------------------------------------------------------
@@ -857,13 +728,11 @@ func (d *driver) sortedTrace() []record {
 	return out
 }
 
-var _ = meta.Accessor
-
 func featureName(s string) featuregate.Feature { return featuregate.Feature(s) }
 
 // resourcePrefix is the cacher's ResourcePrefix: the first path segment of the scenario's keys
-// ("/pods" in every scenario so far); the cacher only uses it for the reflector's requests,
-// which the fake storage answers whatever the key.
+// ("/pods" in every scenario so far); the cacher uses it for the reflector's requests (which the
+// fake storage answers whatever the key) and, from v1.37, to refuse keys outside it.
 func resourcePrefix(d *driver) string { return d.prefix }
 
 // extraGates are feature gates from KUBE_ORACLE_GATES ("Gate=true,Other=false"), for looking at
@@ -876,4 +745,10 @@ func extraGates() map[string]bool {
 		}
 	}
 	return out
+}
+
+// normalizeIdentifier drops a trailing "/" of the key in a watcher identifier (v1.31+ add one to
+// recursive keys before they build it).
+func normalizeIdentifier(id string) string {
+	return strings.Replace(strings.TrimSpace(id), `/", labels: `, `", labels: `, 1)
 }

@@ -3,9 +3,10 @@ package main
 // The fake storage.Interface under the cacher: "etcd" as the scenario describes it.
 //
 // - The reflector's LIST blocks until the scenario's next `replace` step answers it (a LIST after
-//   the first one is the relist the core reports as RELIST); from v1.37 the reflector streams its
-//   list instead (a watch with sendInitialEvents), which `replace` answers with ADDED events and
-//   the initial-events-end bookmark.
+//   the first one is the relist the core reports as RELIST; a `replace` that comes while the
+//   reflector still waits out its pause before relisting answers that list when it is asked);
+//   from v1.37 the reflector streams its list instead (a watch with sendInitialEvents), which
+//   `replace` answers with ADDED events and the initial-events-end bookmark.
 // - The reflector's WATCH streams the scenario's put/delete/txn events after its start RV, and
 //   `progress` steps as BOOKMARK events (etcd's progress notifications); `storage_error` ends it
 //   with a 410 Expired error event, which makes the reflector relist.
@@ -67,7 +68,11 @@ type fakeStorage struct {
 	log        []loggedEvent // events since the last replace, in RV order
 	lists      int           // reflector lists (and watch-lists) so far
 	listWaiter chan listAnswer
-	watch      *fakeWatch // the reflector's watch
+	// relistDue: the reflector's watch was broken and it will list again (after wait.Until's
+	// one-second pause); a `replace` that comes first is its answer, given when it asks.
+	relistDue bool
+	answer    *listAnswer
+	watch     *fakeWatch // the reflector's watch
 	// initial is the reflector's watch-list stream waiting for its initial events (v1.37).
 	initial *fakeWatch
 }
@@ -156,8 +161,7 @@ func (s *fakeStorage) watchWith(ctx context.Context, key string, opts storage.Li
 	debugf("reflector watch from %q sendInitialEvents=%v recordTimestamps=%v", opts.ResourceVersion, opts.SendInitialEvents != nil && *opts.SendInitialEvents, stamp)
 	w := newFakeWatch()
 	if stamp && s.stamp != nil {
-		clk := s.d.clock
-		w.stampWith = func(o runtime.Object) runtime.Object { return s.stamp(o, clk.Now()) }
+		w.stampWith = func(o runtime.Object) runtime.Object { return s.stamp(o, time.Now()) }
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -171,7 +175,12 @@ func (s *fakeStorage) watchWith(ctx context.Context, key string, opts storage.Li
 		if s.lists > 1 {
 			s.d.emit(record{Type: "RELIST"})
 		}
+		s.relistDue = false
 		s.initial = w
+		if a := s.answer; a != nil {
+			s.answer = nil
+			s.streamInitialLocked(a.rv, a.objs)
+		}
 		return w, nil
 	}
 	from, err := storage.APIObjectVersioner{}.ParseResourceVersion(opts.ResourceVersion)
@@ -225,7 +234,13 @@ func (s *fakeStorage) GetList(ctx context.Context, key string, opts storage.List
 	if s.lists > 1 {
 		s.d.emit(record{Type: "RELIST"})
 	}
-	s.listWaiter = ch
+	s.relistDue = false
+	if a := s.answer; a != nil {
+		s.answer = nil
+		ch <- *a
+	} else {
+		s.listWaiter = ch
+	}
 	s.mu.Unlock()
 	select {
 	case a := <-ch:
@@ -265,13 +280,6 @@ func (s *fakeStorage) currentRV(ctx context.Context) uint64 {
 
 // --- what the scenario's storage steps do --------------------------------------------------
 
-// listPending reports whether the reflector waits for a list (or a watch-list's initial events).
-func (s *fakeStorage) listPending() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.listWaiter != nil || (s.initial != nil && !s.initial.isStopped())
-}
-
 func (s *fakeStorage) replace(rv uint64, objs []scObject) error {
 	pods := make([]*example.Pod, 0, len(objs))
 	s.mu.Lock()
@@ -291,21 +299,28 @@ func (s *fakeStorage) replace(rv uint64, objs []scObject) error {
 		s.listWaiter <- listAnswer{rv: rv, objs: pods}
 		s.listWaiter = nil
 	case s.initial != nil && !s.initial.isStopped():
-		stamp := s.initial.stampWith
-		s.initial.stampWith = nil // etcd3 does not stamp initial events
-		for _, p := range pods {
-			s.initial.send(watch.Event{Type: watch.Added, Object: p})
-		}
-		end := &example.Pod{}
-		end.ResourceVersion = strconv.FormatUint(rv, 10)
-		end.Annotations = map[string]string{annEnd: "true"}
-		s.initial.send(watch.Event{Type: watch.Bookmark, Object: end})
-		s.initial.stampWith = stamp
-		s.initial = nil
+		s.streamInitialLocked(rv, pods)
+	case s.relistDue:
+		s.answer = &listAnswer{rv: rv, objs: pods}
 	default:
-		return fmt.Errorf("replace: the reflector is not listing")
+		return fmt.Errorf("replace while the cacher's reflector is watching: in Kubernetes a relist follows a broken watch (a storage_error step)")
 	}
 	return nil
+}
+
+// streamInitialLocked answers a watch-list: ADDED events, then the initial-events-end bookmark.
+func (s *fakeStorage) streamInitialLocked(rv uint64, pods []*example.Pod) {
+	stamp := s.initial.stampWith
+	s.initial.stampWith = nil // etcd3 does not stamp initial events
+	for _, p := range pods {
+		s.initial.send(watch.Event{Type: watch.Added, Object: p})
+	}
+	end := &example.Pod{}
+	end.ResourceVersion = strconv.FormatUint(rv, 10)
+	end.Annotations = map[string]string{annEnd: "true"}
+	s.initial.send(watch.Event{Type: watch.Bookmark, Object: end})
+	s.initial.stampWith = stamp
+	s.initial = nil
 }
 
 // change applies put/delete changes at one revision and streams them.
@@ -367,16 +382,19 @@ func (s *fakeStorage) fail(reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	status := apierrors.NewResourceExpired(reason).Status()
+	s.answer = nil
 	switch {
 	case s.listWaiter != nil:
 		s.listWaiter <- listAnswer{err: apierrors.NewResourceExpired(reason)}
 		s.listWaiter = nil
+		s.relistDue = true
 	case s.watch != nil:
 		s.watch.send(watch.Event{Type: watch.Error, Object: &status})
 		if s.initial == s.watch {
 			s.initial = nil
 		}
 		s.watch = nil
+		s.relistDue = true
 	}
 }
 

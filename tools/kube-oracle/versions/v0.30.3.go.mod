@@ -1,6 +1,6 @@
 module watchcache/kube-oracle
 
-go 1.22.0
+go 1.25.0
 
 require (
 	k8s.io/apimachinery v0.30.3

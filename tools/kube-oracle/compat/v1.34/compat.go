@@ -7,9 +7,11 @@ import (
 	"context"
 	"fmt"
 	"time"
+	_ "unsafe" // go:linkname
 
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/apis/example"
 	examplev1 "k8s.io/apiserver/pkg/apis/example/v1"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/cacher"
 	etcdfeature "k8s.io/apiserver/pkg/storage/feature"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/utils/clock"
 )
 
 const (
@@ -121,18 +124,18 @@ func configure(d *driver, c *cacher.Cacher) {
 	if !d.cfg.Dynamic {
 		k.LowerBoundCapacity, k.UpperBoundCapacity = d.cfg.Capacity, d.cfg.Capacity
 	}
-	d.budget.inner = cacher.KubeOracleTimeBudget(d.clock,
-		time.Duration(d.cfg.BudgetRefillMsPerS)*time.Millisecond, time.Duration(d.cfg.BudgetMaxMs)*time.Millisecond)
-	k.Budget = d.budget
+	if d.cfg.BudgetRefillMsPerS != 50 || d.cfg.BudgetMaxMs != 100 {
+		k.Budget = cacher.KubeOracleTimeBudget(clock.RealClock{},
+			time.Duration(d.cfg.BudgetRefillMsPerS)*time.Millisecond, time.Duration(d.cfg.BudgetMaxMs)*time.Millisecond)
+	}
 	cacher.KubeOracleConfigure(c, k)
 }
 
-func (k *kube) fireDispatchTimer() { cacher.KubeOracleFireDispatchTimer(k.c) }
-func (k *kube) watcherStopped(w watch.Interface) (bool, bool) {
-	return cacher.KubeOracleWatcherStopped(k.c, w)
+func (k *kube) isCacheWatcher(w watch.Interface) bool { return cacher.KubeOracleIsCacheWatcher(w) }
+func (k *kube) watcherStoppedLocked(w watch.Interface) bool {
+	return cacher.KubeOracleWatcherStoppedLocked(w)
 }
-func (k *kube) stop()        { k.c.Stop(); k.del.Stop() }
-func (k *kube) listed() bool { return cacher.KubeOracleListResourceVersion(k.c) != 0 }
+func (k *kube) stop() { k.c.Stop(); k.del.Stop() }
 
 // kubeStorage adds the methods of this version's storage.Interface that the oracle never uses.
 type kubeStorage struct{ *fakeStorage }
@@ -154,3 +157,21 @@ func (s kubeStorage) GetCurrentResourceVersion(ctx context.Context) (uint64, err
 	return s.currentRV(ctx), nil
 }
 func (s kubeStorage) CompactRevision() int64 { return s.compactRevision() }
+
+// neverExitWatch is client-go's "no resync" channel (tools/cache/reflector.go). It is created at
+// package initialisation, outside the synctest bubble, so a reflector goroutine waiting on it
+// would never count as durably blocked; prepareBubble replaces it with nil, which never fires
+// either (what client-go itself returns from v0.37 on).
+//
+//go:linkname neverExitWatch k8s.io/client-go/tools/cache.neverExitWatch
+var neverExitWatch <-chan time.Time
+
+func prepareBubble() {
+	neverExitWatch = nil
+	dropErrorBackoff()
+}
+
+// dropErrorBackoff keeps only the logging of utilruntime.HandleError: its other handler, a 1 ms
+// throttle, started its clock at package initialisation in real time (2026), so in the bubble
+// (2000) it would sleep for decades; in scenario time a 1 ms real-time throttle is nothing.
+func dropErrorBackoff() { utilruntime.ErrorHandlers = utilruntime.ErrorHandlers[:1] }

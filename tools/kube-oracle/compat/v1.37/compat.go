@@ -12,6 +12,7 @@ import (
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/apis/example"
 	examplev1 "k8s.io/apiserver/pkg/apis/example/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/cacher"
 	etcdfeature "k8s.io/apiserver/pkg/storage/feature"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/utils/clock"
 )
 
 const (
@@ -124,18 +126,18 @@ func configure(d *driver, c *cacher.Cacher) {
 	if !d.cfg.Dynamic {
 		k.LowerBoundCapacity, k.UpperBoundCapacity = d.cfg.Capacity, d.cfg.Capacity
 	}
-	d.budget.inner = cacher.KubeOracleTimeBudget(d.clock,
-		time.Duration(d.cfg.BudgetRefillMsPerS)*time.Millisecond, time.Duration(d.cfg.BudgetMaxMs)*time.Millisecond)
-	k.Budget = d.budget
+	if d.cfg.BudgetRefillMsPerS != 50 || d.cfg.BudgetMaxMs != 100 {
+		k.Budget = cacher.KubeOracleTimeBudget(clock.RealClock{},
+			time.Duration(d.cfg.BudgetRefillMsPerS)*time.Millisecond, time.Duration(d.cfg.BudgetMaxMs)*time.Millisecond)
+	}
 	cacher.KubeOracleConfigure(c, k)
 }
 
-func (k *kube) fireDispatchTimer() { cacher.KubeOracleFireDispatchTimer(k.c) }
-func (k *kube) watcherStopped(w watch.Interface) (bool, bool) {
-	return cacher.KubeOracleWatcherStopped(k.c, w)
+func (k *kube) isCacheWatcher(w watch.Interface) bool { return cacher.KubeOracleIsCacheWatcher(w) }
+func (k *kube) watcherStoppedLocked(w watch.Interface) bool {
+	return cacher.KubeOracleWatcherStoppedLocked(w)
 }
-func (k *kube) stop()        { k.c.Stop(); k.del.Stop() }
-func (k *kube) listed() bool { return cacher.KubeOracleListResourceVersion(k.c) != 0 }
+func (k *kube) stop() { k.c.Stop(); k.del.Stop() }
 
 // kubeStorage adds the methods of this version's storage.Interface that the oracle never uses.
 type kubeStorage struct{ *fakeStorage }
@@ -185,3 +187,11 @@ var _ storage.WatchEventWithRecordTime = &timedEvent{}
 func stampEvent(obj runtime.Object, at time.Time) runtime.Object {
 	return &timedEvent{Object: obj, at: at}
 }
+
+// prepareBubble: nothing in this version's client-go waits on channels made outside the bubble.
+func prepareBubble() { dropErrorBackoff() }
+
+// dropErrorBackoff keeps only the logging of utilruntime.HandleError: its other handler, a 1 ms
+// throttle, started its clock at package initialisation in real time (2026), so in the bubble
+// (2000) it would sleep for decades; in scenario time a 1 ms real-time throttle is nothing.
+func dropErrorBackoff() { utilruntime.ErrorHandlers = utilruntime.ErrorHandlers[:1] }

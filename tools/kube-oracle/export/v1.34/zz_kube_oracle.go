@@ -1,7 +1,8 @@
 // This file is not part of Kubernetes. The kube-oracle build (tools/kube-oracle/build.sh) adds it
 // to a private copy of k8s.io/apiserver's pkg/storage/cacher, so that the oracle can set the
 // unexported knobs that the package's own whitebox tests set (ring capacity, bookmark frequency,
-// dispatch time budget) and observe what a client cannot (a cacheWatcher's stopped flag).
+// dispatch time budget) and observe what a client cannot (whether a watcher is a cacheWatcher
+// and whether it was stopped).
 // Nothing here changes the cacher's logic. Variant for k8s.io/apiserver v0.34.x.
 
 package cacher
@@ -37,8 +38,8 @@ type kubeOracleBudgetImpl struct{ t *timeBudgetImpl }
 func (b kubeOracleBudgetImpl) TakeAvailable() time.Duration { return b.t.takeAvailable() }
 func (b kubeOracleBudgetImpl) ReturnUnused(d time.Duration) { b.t.returnUnused(d) }
 
-// KubeOracleTimeBudget is Kubernetes' own timeBudgetImpl on the given clock (the package's
-// newTimeBudget always uses the real clock), with the given refill per second and cap.
+// KubeOracleTimeBudget is Kubernetes' own timeBudgetImpl with the given refill per second and
+// cap (newTimeBudget always uses the constants).
 func KubeOracleTimeBudget(c clock.Clock, refreshPerSecond, max time.Duration) KubeOracleBudget {
 	t := &timeBudgetImpl{clock: c, budget: 0, refresh: refreshPerSecond, maxBudget: max}
 	t.last = c.Now()
@@ -72,25 +73,16 @@ func KubeOracleConfigure(c *Cacher, k KubeOracleKnobs) {
 	c.Unlock()
 }
 
-// KubeOracleFireDispatchTimer fires the (real-time) timer a blocked dispatch waits on; the oracle
-// calls it when the fake clock reaches the end of the budget it handed out.
-func KubeOracleFireDispatchTimer(c *Cacher) { c.timer.Reset(0) }
-
-// KubeOracleListResourceVersion is the RV of the cache's last list (0 before the first).
-func KubeOracleListResourceVersion(c *Cacher) uint64 {
-	c.watchCache.RLock()
-	defer c.watchCache.RUnlock()
-	return c.watchCache.listResourceVersion
+// KubeOracleIsCacheWatcher says whether a watcher the cacher returned is a cacheWatcher (not
+// an error watcher or an immediately-closed one).
+func KubeOracleIsCacheWatcher(w watch.Interface) bool {
+	_, ok := w.(*cacheWatcher)
+	return ok
 }
 
-// KubeOracleWatcherStopped says whether the cacher has stopped a watcher it returned (ok is false
-// for the error and immediately-closed watchers, which are not cacheWatchers).
-func KubeOracleWatcherStopped(c *Cacher, w watch.Interface) (stopped, ok bool) {
+// KubeOracleWatcherStoppedLocked says whether the cacher has stopped a cacheWatcher. The caller
+// must hold the Cacher's lock (it is called from a log line written under it).
+func KubeOracleWatcherStoppedLocked(w watch.Interface) bool {
 	cw, ok := w.(*cacheWatcher)
-	if !ok {
-		return false, false
-	}
-	c.Lock()
-	defer c.Unlock()
-	return cw.stopped, true
+	return ok && cw.stopped
 }
