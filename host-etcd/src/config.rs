@@ -83,6 +83,11 @@ pub struct ReflectorOptions {
     /// memory). 0 lists at the current revision only, as Kubernetes' reflector does. At most
     /// what the ring can hold is loaded.
     pub backfill_revisions: u64,
+    /// How often to ask etcd whether it was compacted past what the cache serves (0: never;
+    /// the cache then learns a compaction only from watches and reads etcd refuses).
+    pub compaction_probe: Duration,
+    /// How often to compare the cache with etcd (Kubernetes' consistency checker; 0: never).
+    pub consistency_check_interval: Duration,
 }
 
 impl Default for ReflectorOptions {
@@ -94,6 +99,8 @@ impl Default for ReflectorOptions {
             max_message_bytes: 256 << 20,
             inbox_revisions: 1024,
             backfill_revisions: 10_000,
+            compaction_probe: Duration::from_secs(1),
+            consistency_check_interval: Duration::from_secs(300),
         }
     }
 }

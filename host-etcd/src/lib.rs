@@ -74,7 +74,8 @@
 //! | `clock`, `keys`, `config`, `metrics`, `convert` | the one clock; etcd's key conventions ↔ the core's ranges; the cache's configuration; the counters; core objects as etcd messages | — ; `rpc.proto`; `cacher.go` `Config`; `metrics.go`; `mvccpb` |
 //! | `upstream` | the connection to etcd | `clientv3` |
 //! | `cache` | the task that owns one prefix's core, and the typed batches it hands to sessions (`cache::delivery`) | the goroutines around a `Cacher` (`cacher.go`) |
-//! | `reflector` | list at one revision, watch with progress notify, re-watch, relist; a bounded channel into the cache | client-go `reflector.go`, `storage/etcd3/watcher.go` |
+//! | `reflector` | list at one revision (with etcd's recent history), watch with progress notify, re-watch, relist; a bounded channel into the cache | client-go `reflector.go`, `storage/etcd3/watcher.go` |
+//! | `consistency` | following etcd's compaction; comparing the cache with etcd | `cacher.go`'s compaction poll, `consistency/checker.go` |
 //! | `session` | one etcd watch stream as a sans-IO state machine (cached or relayed watches, progress, ids), and its tokio driver (`session::driver`) | etcd `v3rpc/watch.go`, `grpcproxy/watch.go` |
 //! | `library` | the embeddable [`Cache`]; [`library::range_from_cache`], the one Range-from-cache decision | etcd's `cache` package |
 //! | `server` | gRPC services, forwarding, auth, HTTP, Prometheus text, the wire format | kube-apiserver's storage wiring, the gRPC proxy |
@@ -83,6 +84,7 @@
 pub mod cache;
 pub mod clock;
 pub mod config;
+pub mod consistency;
 pub mod convert;
 pub mod etcd_launcher;
 pub mod keys;

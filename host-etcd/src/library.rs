@@ -259,7 +259,23 @@ pub(crate) fn spawn_cache(
         config.core.capacity
     };
     reflector.backfill_revisions = reflector.backfill_revisions.min(ring as u64);
+    let follower = crate::consistency::follow_compaction(
+        made.handle.clone(),
+        upstream.clone(),
+        metrics.clone(),
+        reflector.compaction_probe,
+        shutdown.clone(),
+    );
+    let checker = crate::consistency::check_periodically(
+        made.handle.clone(),
+        upstream.clone(),
+        metrics.clone(),
+        reflector.consistency_check_interval,
+        shutdown.clone(),
+    );
     let tasks = vec![
+        tokio::spawn(follower),
+        tokio::spawn(checker),
         tokio::spawn(made.task.run()),
         tokio::spawn(crate::reflector::run(
             Arc::from(prefix),
@@ -547,8 +563,8 @@ impl Cache {
         let _ = self.shutdown.send(true);
         let tasks = std::mem::take(&mut self.tasks);
         drop(self);
-        // The reflector (second) stops on the signal; the cache task (first) when its inbox
-        // closes, which the sessions' ends and this drop bring about.
+        // The reflector and the checks stop on the signal; the cache task when its inbox
+        // closes, which the sessions' ends, the checks' ends and this drop bring about.
         for t in tasks.into_iter().rev() {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }

@@ -36,6 +36,8 @@ pub struct HostMetrics {
     /// Permission checks sent to etcd (auth on) and answered from the decision cache.
     auth_checks: AtomicU64,
     auth_cached: AtomicU64,
+    /// Consistency checks by outcome (`match`, `mismatch`, `error`).
+    consistency: Mutex<BTreeMap<String, u64>>,
 }
 
 impl HostMetrics {
@@ -90,6 +92,18 @@ impl HostMetrics {
     /// A permission check: sent to etcd, or answered from the decision cache.
     pub fn count_auth_check(&self, cached: bool) {
         if cached { &self.auth_cached } else { &self.auth_checks }.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A consistency check's outcome (`match`, `mismatch`, `error`).
+    pub fn count_consistency_check(&self, status: &str) {
+        if let Ok(mut m) = self.consistency.lock() {
+            *m.entry(status.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// Consistency checks of one outcome so far.
+    pub fn consistency_checks(&self, status: &str) -> u64 {
+        self.consistency.lock().map(|m| m.get(status).copied().unwrap_or(0)).unwrap_or(0)
     }
 
     /// Open upstream watch streams.
@@ -149,6 +163,7 @@ pub struct HostView {
     pub upstream_watches: i64,
     pub grpc_watchers: i64,
     pub grpc_streams: i64,
+    pub consistency: BTreeMap<String, u64>,
 }
 
 impl From<&HostMetrics> for HostView {
@@ -163,6 +178,7 @@ impl From<&HostMetrics> for HostView {
             upstream_watches: h.upstream_watches(),
             grpc_watchers: h.grpc_watchers(),
             grpc_streams: h.grpc_streams.load(Ordering::Relaxed),
+            consistency: h.consistency.lock().map(|m| m.clone()).unwrap_or_default(),
         }
     }
 }

@@ -228,7 +228,8 @@ async fn sync(
         Ok(x) => x,
         Err(ListError(e, true)) => {
             // S is compacted: etcd's compaction revision is where history starts.
-            let compacted = compaction_revision(prefix, upstream, metrics, at).await?;
+            metrics.count_upstream_request("watch");
+            let compacted = upstream.compaction_revision(prefix, at).await?;
             debug!(error = %e, compacted, "the backfill's start is compacted; starting at the compaction");
             at = compacted.max(at);
             list(prefix, upstream, metrics, opts, at).await.map_err(|e| e.0)?
@@ -240,35 +241,6 @@ async fn sync(
     }
     let (revisions, seen, stream) = history(prefix, upstream, metrics, opts, rv + 1, now).await?;
     Ok((StorageMsg::Backfill { rv, objects, revisions, seen }, Some(stream)))
-}
-
-/// etcd's compaction revision, from the cancel of a watch that starts below it (etcd names it
-/// in `compact_revision`).
-async fn compaction_revision(
-    prefix: &[u8],
-    upstream: &Upstream,
-    metrics: &HostMetrics,
-    below: u64,
-) -> Result<u64, String> {
-    let (key, end) = prefix_range(prefix);
-    metrics.count_upstream_request("watch");
-    let mut client = upstream.client.watch_client();
-    let opts = WatchOptions::new().with_range(end).with_start_revision(below as i64);
-    let mut stream = client.watch(key, Some(opts)).await.map_err(|e| e.to_string())?;
-    loop {
-        let resp = tokio::time::timeout(Duration::from_secs(5), stream.message())
-            .await
-            .map_err(|_| "etcd did not answer a watch".to_owned())?
-            .map_err(|e| e.to_string())?
-            .ok_or("etcd closed a watch")?;
-        if resp.compact_revision() > 0 {
-            return Ok(resp.compact_revision() as u64);
-        }
-        if resp.canceled() || !resp.events().is_empty() {
-            // Not compacted after all (a compaction raced the list): start where we were.
-            return Ok(below);
-        }
-    }
 }
 
 /// etcd's history of the prefix from `from` through at least `until`, whole revisions, the

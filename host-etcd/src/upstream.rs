@@ -215,6 +215,47 @@ impl Upstream {
         Ok(h.revision().max(0) as u64)
     }
 
+    /// etcd's compaction revision if it is above `below`, from the cancel of a watch of one key
+    /// that starts at `below` (etcd names it in `compact_revision`); `below` otherwise. Cheap
+    /// when compacted: etcd cancels such a watch before reading any history.
+    pub async fn compaction_revision(&self, key: &[u8], below: u64) -> Result<u64, String> {
+        let key = if key.is_empty() { vec![0] } else { key.to_vec() };
+        let mut client = self.client.watch_client();
+        let opts = etcd_client::WatchOptions::new().with_start_revision(below as i64);
+        let mut stream = client.watch(key, Some(opts)).await.map_err(|e| e.to_string())?;
+        loop {
+            let resp = tokio::time::timeout(Duration::from_secs(5), stream.message())
+                .await
+                .map_err(|_| "etcd did not answer a watch".to_owned())?
+                .map_err(|e| e.to_string())?
+                .ok_or("etcd closed a watch")?;
+            if resp.compact_revision() > 0 {
+                return Ok(resp.compact_revision() as u64);
+            }
+            if resp.created() {
+                // etcd checks the compaction when it first syncs the watcher; a watcher it
+                // accepted at `below` means nothing below is compacted... as of now.
+                continue;
+            }
+            return Ok(below);
+        }
+    }
+
+    /// Whether etcd still has revision `rev` (a read of one key at it; etcd refuses a
+    /// compacted revision).
+    pub async fn has_revision(&self, key: &[u8], rev: u64) -> Result<bool, String> {
+        let key = if key.is_empty() { vec![0] } else { key.to_vec() };
+        let opts = etcd_client::GetOptions::new()
+            .with_revision(rev as i64)
+            .with_count_only()
+            .with_serializable();
+        match self.client.kv_client().get(key, Some(opts)).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.to_string().contains("required revision has been compacted") => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// The raw channel (for the transparent forwarder); `None` in a library cache.
     pub fn channel(&self) -> Option<Channel> {
         self.channel.clone()
@@ -241,6 +282,28 @@ impl Upstream {
         grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
         let req = with_metadata(metadata, message);
         grpc.unary(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
+    }
+
+    /// Forwards a server-streaming call to etcd with the client's metadata.
+    pub async fn server_streaming<Req, Resp>(
+        &self,
+        path: &'static str,
+        metadata: &MetadataMap,
+        message: Req,
+    ) -> Result<Response<Streaming<Resp>>, Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.raw()?);
+        grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
+        let req = with_metadata(metadata, message);
+        grpc.server_streaming(
+            req,
+            PathAndQuery::from_static(path),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
     }
 
     /// Opens a bidirectional stream to etcd with the client's metadata, sending `first` at

@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["clock", "keys", "config", "metrics", "convert"],
     &["upstream"],
     &["cache"],
-    &["reflector"],
+    &["reflector", "consistency"],
     &["session"],
     &["library"],
     &["server"],

@@ -127,6 +127,7 @@ async fn watches_match_etcd_for_keys_ranges_prefixes_and_start_revisions() {
                     last
                 };
                 let from = if start == 0 { until } else { start };
+                eprintln!("case {prefix:?} {k:?} from {start} until {until}");
                 let got = cache_events(&mut s, until).await;
                 let want = etcd_events(&mut client, k, from, until, true).await;
                 assert_eq!(got, want, "prefix {prefix:?}, {k:?} from {start}");

@@ -50,6 +50,9 @@ pub struct CacheStatus {
     pub oldest_servable: Option<u64>,
     /// etcd's compaction revision as far as the cache knows.
     pub compacted: u64,
+    /// The oldest revision the cache would answer anything at (a read at a snapshot, or the
+    /// start of a watch); 0 when none.
+    pub oldest_served: u64,
     /// How many times the cache has been (re)initialised from a list.
     pub generation: u64,
     /// Objects in the store.
@@ -120,11 +123,7 @@ pub(crate) enum Cmd {
     Cancel {
         id: RequestId,
     },
-    Frontier {
-        token: u64,
-        watches: Vec<(WatchTag, RequestId)>,
-        sink: SessionSink,
-    },
+    Frontier(Box<FrontierQuery>),
     Range {
         req: RangeRequest,
         reply: oneshot::Sender<Result<RangeOutcome, Status>>,
@@ -143,14 +142,25 @@ pub(crate) enum Cmd {
     Metrics {
         reply: oneshot::Sender<CacheSample>,
     },
+    /// The answer of a freshness check: etcd's current revision for every read waiting on it.
     CurrentRevision {
-        id: RequestId,
+        waiters: Vec<Waiter>,
         rv: u64,
     },
     Compacted {
         rv: u64,
     },
     RequestProgress,
+    Objects {
+        reply: oneshot::Sender<Option<(u64, Vec<Arc<Object>>)>>,
+    },
+    Relist {
+        reason: String,
+    },
+    NoteCheck {
+        result: serde_json::Value,
+    },
+    DropNextRevision,
 }
 
 /// What the reflector tells its cache.
@@ -266,20 +276,47 @@ impl CacheHandle {
     }
 
     /// Asks which of a session's watches have been given every event up to the cache's
-    /// revision; the answer comes on `sink`, after every event already given.
+    /// revision; the answer comes on `sink`, after every event already given. With `fresh`,
+    /// only once the cache has caught up with etcd's current revision (as etcd answers a
+    /// progress request at its current revision).
     pub fn frontier(
         &self,
         token: u64,
         watches: Vec<(WatchTag, RequestId)>,
         sink: SessionSink,
+        fresh: bool,
     ) -> Result<(), Status> {
-        self.send(Cmd::Frontier { token, watches, sink })
+        self.send(Cmd::Frontier(Box::new(FrontierQuery { token, watches, sink, fresh })))
     }
 
     /// Asks etcd for progress on the cache's own watch, so the cache's revision catches up with
     /// etcd's even when its prefix is idle.
     pub fn request_progress(&self) {
         let _ = self.send(Cmd::RequestProgress);
+    }
+
+    /// The cache's objects and revision, if it is ready (an O(1) snapshot, then a walk).
+    pub async fn objects(&self) -> Option<(u64, Vec<Arc<Object>>)> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Objects { reply }).ok()?;
+        rx.await.ok()?
+    }
+
+    /// Throws the cache's state away and lists again (watchers resume elsewhere).
+    pub fn relist(&self, reason: String) {
+        let _ = self.send(Cmd::Relist { reason });
+    }
+
+    /// Records the consistency checker's last result (shown in `/debug/state`).
+    pub fn note_check(&self, result: serde_json::Value) {
+        let _ = self.send(Cmd::NoteCheck { result });
+    }
+
+    /// Test hook: the cache will miss the next revision's changes, as if an event were lost
+    /// (what the consistency checker exists to catch).
+    #[doc(hidden)]
+    pub fn drop_next_revision_for_test(&self) {
+        let _ = self.send(Cmd::DropNextRevision);
     }
 
     /// etcd compacted at `rv` (learnt by a watch or a read that etcd refused).
@@ -379,6 +416,31 @@ impl Pending {
     }
 }
 
+/// A frontier query (see [`CacheHandle::frontier`]).
+pub(crate) struct FrontierQuery {
+    token: u64,
+    watches: Vec<(WatchTag, RequestId)>,
+    sink: SessionSink,
+    fresh: bool,
+}
+
+/// What waits for etcd's current revision.
+pub(crate) enum Waiter {
+    /// A consistent read in the core.
+    Read(RequestId),
+    /// A fresh frontier query.
+    Frontier(Box<FrontierQuery>),
+}
+
+/// Waiters for etcd's current revision.
+#[derive(Default)]
+struct Freshness {
+    /// A check is out.
+    in_flight: bool,
+    /// Waiters that arrived since: they wait for the next check.
+    next: Vec<Waiter>,
+}
+
 /// The task that owns one prefix's core.
 pub(crate) struct CacheTask {
     prefix: Arc<[u8]>,
@@ -397,6 +459,15 @@ pub(crate) struct CacheTask {
     /// etcd-style watches waiting for the ready gate, with their deadlines.
     waiting_ready: Vec<(Instant, Box<EtcdWatchStart>)>,
     pending: Pending,
+    freshness: Freshness,
+    /// Fresh frontier queries waiting for the cache to reach etcd's revision, with deadlines.
+    frontiers_waiting: Vec<(u64, Instant, Box<FrontierQuery>)>,
+    /// When the reflector is next asked for progress for them.
+    next_nudge: Option<Instant>,
+    /// The consistency checker's last result (for `/debug/state`).
+    last_check: Option<serde_json::Value>,
+    /// Test hook: the next revision from the reflector is not applied.
+    drop_next_revision: bool,
     /// One copy of each watched range, so that the core checks a range once per event for all
     /// the watchers that share it.
     interned: HashMap<KeyRange, KeyRange>,
@@ -449,6 +520,11 @@ pub(crate) fn new_cache(
         reads: HashMap::default(),
         waiting_ready: Vec::new(),
         pending: Pending::default(),
+        freshness: Freshness::default(),
+        frontiers_waiting: Vec::new(),
+        next_nudge: None,
+        last_check: None,
+        drop_next_revision: false,
         interned: HashMap::default(),
     };
     Ok(NewCache { handle, task, storage_tx, ctl_rx })
@@ -460,7 +536,13 @@ impl CacheTask {
         let mut storage_open = true;
         loop {
             let core = self.cacher.poll_timeout().map(|(t, _)| self.clock.instant_of(t));
-            let ready_wait = self.waiting_ready.iter().map(|(d, _)| *d).min();
+            let ready_wait = self
+                .waiting_ready
+                .iter()
+                .map(|(d, _)| *d)
+                .chain(self.frontiers_waiting.iter().map(|(_, d, _)| *d))
+                .chain(self.next_nudge)
+                .min();
             let deadline = match (core, ready_wait) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -496,6 +578,8 @@ impl CacheTask {
                     self.cacher.handle_timeout(now);
                     self.collect();
                     self.expire_ready_waits();
+                    self.answer_caught_up_frontiers();
+                    self.nudge_reflector();
                 }
             }
             self.flush();
@@ -515,6 +599,11 @@ impl CacheTask {
             rv: c.resource_version(),
             oldest_servable: c.window().oldest_servable,
             compacted: c.compacted_rv(),
+            oldest_served: {
+                let snapshot = c.snapshots().1;
+                let watch = c.window().oldest_servable.map(|o| o.saturating_sub(1));
+                snapshot.into_iter().chain(watch).filter(|r| *r > 0).min().unwrap_or(0)
+            },
             generation: c.ready_generation(),
             store_len: c.store_len(),
             watchers: c.watcher_count(),
@@ -555,25 +644,8 @@ impl CacheTask {
                 self.routes.remove(&id);
                 self.cacher.stop_watch(now, id);
             }
-            Cmd::Frontier { token, watches, sink } => {
-                // Everything given out so far goes first, so the answer follows the events it
-                // vouches for.
-                self.collect();
-                self.flush();
-                let cache_rv = self.cacher.resource_version();
-                let ready = self.cacher.ready_state() == ReadyState::Ready;
-                let caught_up = watches
-                    .into_iter()
-                    .map(|(tag, id)| {
-                        let ok = ready
-                            && self.cacher.watcher(id).is_some_and(|w| {
-                                w.state == "active" && w.queued == 0 && w.initial_pending == 0
-                            });
-                        (tag, ok)
-                    })
-                    .collect();
-                let _ = sink.send(CacheMsg::Frontier { token, cache_rv, caught_up });
-            }
+            Cmd::Frontier(q) if q.fresh => self.fresh_wait(Waiter::Frontier(q)),
+            Cmd::Frontier(q) => self.answer_frontier(*q),
             Cmd::Range { req, reply } => match self.cacher.range(now, req) {
                 Ok(id) => {
                     self.reads.insert(id, ReadReply::Range(reply));
@@ -616,11 +688,36 @@ impl CacheTask {
                     ready: c.ready_state() == ReadyState::Ready,
                 });
             }
-            Cmd::CurrentRevision { id, rv } => self.cacher.handle_current_revision(now, id, rv),
+            Cmd::CurrentRevision { waiters, rv } => {
+                for w in waiters {
+                    match w {
+                        Waiter::Read(id) => self.cacher.handle_current_revision(now, id, rv),
+                        Waiter::Frontier(q) => {
+                            let deadline = Instant::now() + Duration::from_secs(3);
+                            self.frontiers_waiting.push((rv, deadline, q));
+                        }
+                    }
+                }
+                self.answer_caught_up_frontiers();
+                self.nudge_reflector();
+                self.freshness.in_flight = false;
+                if !self.freshness.next.is_empty() {
+                    let next = std::mem::take(&mut self.freshness.next);
+                    self.check_freshness(next);
+                }
+            }
             Cmd::Compacted { rv } => self.cacher.handle_compaction(now, rv),
             Cmd::RequestProgress => {
                 let _ = self.reflector.send(ReflectorCtl::Progress);
             }
+            Cmd::Objects { reply } => {
+                let ready = self.cacher.ready_state() == ReadyState::Ready;
+                let _ = reply
+                    .send(ready.then(|| (self.cacher.resource_version(), self.cacher.objects())));
+            }
+            Cmd::Relist { reason } => self.cacher.handle_storage_error(now, &reason),
+            Cmd::NoteCheck { result } => self.last_check = Some(result),
+            Cmd::DropNextRevision => self.drop_next_revision = true,
         }
         self.collect();
     }
@@ -725,6 +822,13 @@ impl CacheTask {
                 }
                 r
             }
+            StorageMsg::Revision { rv, .. } if self.drop_next_revision => {
+                // The test hook: the cache misses this revision's changes (as a lost event
+                // would), though its revision moves on.
+                self.drop_next_revision = false;
+                warn!(prefix = %String::from_utf8_lossy(&self.prefix), revision = rv, "test hook: dropping a revision");
+                self.cacher.handle_progress(now, rv)
+            }
             StorageMsg::Revision { rv, changes } => self.cacher.handle_revision(now, rv, changes),
             StorageMsg::Progress { rv } => self.cacher.handle_progress(now, rv),
             StorageMsg::Error { reason } => {
@@ -747,6 +851,7 @@ impl CacheTask {
         if !self.waiting_ready.is_empty() && self.cacher.ready_state() == ReadyState::Ready {
             self.expire_ready_waits();
         }
+        self.answer_caught_up_frontiers();
     }
 
     /// Carries out the core's outputs: replies at once, deliveries into the pending batches.
@@ -891,7 +996,7 @@ impl CacheTask {
                 Output::RequestProgress => {
                     let _ = self.reflector.send(ReflectorCtl::Progress);
                 }
-                Output::NeedCurrentRevision { request } => self.quorum_read(request),
+                Output::NeedCurrentRevision { request } => self.fresh_wait(Waiter::Read(request)),
                 Output::Relist { reason } => {
                     let _ = self.reflector.send(ReflectorCtl::Relist(reason));
                 }
@@ -938,8 +1043,74 @@ impl CacheTask {
         }
     }
 
-    fn quorum_read(&mut self, id: RequestId) {
+    /// Waits for etcd's current revision. Waiters that arrive while a check is out wait for
+    /// the next one (a check that started before them cannot vouch for them): etcd's ReadIndex
+    /// batching, so concurrent consistent reads and progress requests cost etcd one read.
+    fn fresh_wait(&mut self, w: Waiter) {
+        if self.freshness.in_flight {
+            self.freshness.next.push(w);
+        } else {
+            self.check_freshness(vec![w]);
+        }
+    }
+
+    /// Answers a frontier query now: everything given out goes first, so the answer follows
+    /// the events it vouches for.
+    fn answer_frontier(&mut self, q: FrontierQuery) {
+        self.collect();
+        self.flush();
+        let cache_rv = self.cacher.resource_version();
+        let ready = self.cacher.ready_state() == ReadyState::Ready;
+        let caught_up = q
+            .watches
+            .into_iter()
+            .map(|(tag, id)| {
+                let ok = ready
+                    && self.cacher.watcher(id).is_some_and(|w| {
+                        w.state == "active" && w.queued == 0 && w.initial_pending == 0
+                    });
+                (tag, ok)
+            })
+            .collect();
+        let _ = q.sink.send(CacheMsg::Frontier { token: q.token, cache_rv, caught_up });
+    }
+
+    /// Answers the fresh frontier queries whose revision the cache has reached (or that waited
+    /// long enough: etcd unreachable; the session then asks again).
+    fn answer_caught_up_frontiers(&mut self) {
+        if self.frontiers_waiting.is_empty() {
+            return;
+        }
+        let rv = self.cacher.resource_version();
+        let now = Instant::now();
+        let waiting = std::mem::take(&mut self.frontiers_waiting);
+        for (need, deadline, q) in waiting {
+            if rv >= need || deadline <= now {
+                self.answer_frontier(*q);
+            } else {
+                self.frontiers_waiting.push((need, deadline, q));
+            }
+        }
+    }
+
+    /// While frontier queries wait for the cache to reach etcd's revision, the reflector asks
+    /// etcd for progress every 100 ms (etcd drops the request while its watcher catches up).
+    fn nudge_reflector(&mut self) {
+        if self.frontiers_waiting.is_empty() {
+            self.next_nudge = None;
+            return;
+        }
+        let now = Instant::now();
+        if self.next_nudge.is_none_or(|t| t <= now) {
+            let _ = self.reflector.send(ReflectorCtl::Progress);
+            self.next_nudge = Some(now + Duration::from_millis(100));
+        }
+    }
+
+    /// One linearizable read of etcd's current revision for every waiter.
+    fn check_freshness(&mut self, waiters: Vec<Waiter>) {
         let Some(tx) = self.self_tx.upgrade() else { return };
+        self.freshness.in_flight = true;
         let upstream = self.upstream.clone();
         let prefix = self.prefix.clone();
         let metrics = self.metrics.clone();
@@ -949,7 +1120,7 @@ impl CacheTask {
                 metrics.count_upstream_request("quorum_read");
                 match upstream.current_revision(&prefix).await {
                     Ok(rv) => {
-                        let _ = tx.send(Cmd::CurrentRevision { id, rv });
+                        let _ = tx.send(Cmd::CurrentRevision { waiters, rv });
                         return;
                     }
                     Err(e) => {
@@ -959,8 +1130,8 @@ impl CacheTask {
                     }
                 }
             }
-            // etcd cannot say: make the read wait (and time out) rather than answer stale.
-            let _ = tx.send(Cmd::CurrentRevision { id, rv: u64::MAX / 2 });
+            // etcd cannot say: make the reads wait (and time out) rather than answer stale.
+            let _ = tx.send(Cmd::CurrentRevision { waiters, rv: u64::MAX / 2 });
         });
     }
 
@@ -991,6 +1162,7 @@ impl CacheTask {
             "resource_version": c.resource_version(),
             "list_resource_version": c.list_resource_version(),
             "compacted_revision": c.compacted_rv(),
+            "consistency_check": self.last_check,
             "last_error": c.last_error(),
             "window": {
                 "oldest_rv": w.oldest_rv, "newest_rv": w.newest_rv, "oldest_servable": w.oldest_servable,

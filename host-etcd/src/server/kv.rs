@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbRangeRequest, PbRangeResponse,
+    PbRangeStreamResponse, PbResponseHeader,
 };
 use tonic::{Request, Response, Status};
 
@@ -33,6 +34,112 @@ pub(crate) async fn range_route(
     .max_decoding_message_size(ctx.max_request_bytes)
     .max_encoding_message_size(usize::MAX);
     grpc.unary(tower::service_fn(move |r| range(ctx.clone(), r)), req).await
+}
+
+/// The axum route for `/etcdserverpb.KV/RangeStream` (etcd 3.7).
+pub(crate) async fn range_stream_route(
+    ctx: Arc<Ctx>,
+    req: http::Request<axum::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+        PbRangeStreamResponse,
+        PbRangeRequest,
+    >::default())
+    .max_decoding_message_size(ctx.max_request_bytes)
+    .max_encoding_message_size(usize::MAX);
+    grpc.server_streaming(tower::service_fn(move |r| range_stream(ctx.clone(), r)), req).await
+}
+
+type RangeChunks =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>>;
+
+/// etcd's default `--max-request-bytes`: the size RangeStream aims its chunks at.
+const CHUNK_TARGET_BYTES: usize = 1536 << 10;
+
+/// RangeStream from the cache where a Range would be, in etcd's chunks; otherwise etcd's own
+/// stream, relayed.
+async fn range_stream(
+    ctx: Arc<Ctx>,
+    req: Request<PbRangeRequest>,
+) -> Result<Response<RangeChunks>, Status> {
+    let md = forwardable(req.metadata());
+    let r = req.into_inner();
+    if let Some(resp) = from_cache(&ctx, &md, &r).await? {
+        ctx.metrics().count_range(true);
+        let header = resp.header.unwrap_or_default();
+        let chunks = range_chunks(resp, &r, header, CHUNK_TARGET_BYTES);
+        return Ok(Response::new(Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))));
+    }
+    ctx.metrics().count_range(false);
+    ctx.metrics().count_upstream_request("range_stream");
+    let up = ctx
+        .upstream()
+        .server_streaming::<PbRangeRequest, PbRangeStreamResponse>(
+            "/etcdserverpb.KV/RangeStream",
+            &md,
+            r,
+        )
+        .await?;
+    Ok(Response::new(Box::pin(up.into_inner())))
+}
+
+/// A whole Range answer in RangeStream's chunks, as etcd cuts them
+/// (`etcdserver/v3_server.go` `rangeStream`): 10 keys first, then twice or half as many as
+/// the previous chunk when its size was under half or over twice the target; `header`, `more`
+/// and `count` only on the last chunk; count-only requests in one message.
+fn range_chunks(
+    full: PbRangeResponse,
+    r: &PbRangeRequest,
+    header: PbResponseHeader,
+    target: usize,
+) -> Vec<PbRangeStreamResponse> {
+    let rev_only = PbResponseHeader { revision: header.revision, ..Default::default() };
+    let msg = |range_response| PbRangeStreamResponse { range_response: Some(range_response) };
+    if r.count_only {
+        return vec![msg(PbRangeResponse {
+            header: Some(header),
+            count: full.count,
+            ..Default::default()
+        })];
+    }
+    let total_limit = if r.limit > 0 { r.limit as usize } else { usize::MAX };
+    let kvs = full.kvs;
+    let count = full.count.max(0) as usize;
+    let mut out = Vec::new();
+    let mut start = 0usize;
+    let mut limit = 10usize.min(total_limit);
+    loop {
+        let end = (start + limit).min(kvs.len());
+        let chunk: Vec<_> = kvs[start..end].to_vec();
+        // What etcd's txn.Range answers for this chunk: its size picks the next limit.
+        let more = end < count;
+        let as_range = PbRangeResponse {
+            header: Some(rev_only),
+            kvs: chunk,
+            more,
+            count: (count - start) as i64,
+        };
+        let size = prost::Message::encoded_len(&as_range);
+        let done = !more || end >= total_limit;
+        let PbRangeResponse { kvs: chunk, .. } = as_range;
+        if done {
+            out.push(msg(PbRangeResponse {
+                header: Some(header),
+                kvs: chunk,
+                more,
+                count: count as i64,
+            }));
+            return out;
+        }
+        out.push(msg(PbRangeResponse { kvs: chunk, ..Default::default() }));
+        start = end;
+        if size < target / 2 {
+            limit *= 2;
+        } else if size > target * 2 {
+            limit /= 2;
+        }
+        limit = limit.max(1).min(total_limit - start);
+    }
 }
 
 /// The axum route for `/etcdserverpb.KV/Compact`.

@@ -5,7 +5,7 @@
 //! | module | what it owns | counterpart |
 //! |---|---|---|
 //! | `watch` | etcd `Watch` streams: the wire side of a watch session | etcd `v3rpc/watch.go` |
-//! | `kv` | etcd `Range` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go` |
+//! | `kv` | etcd `Range` and `RangeStream` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go`, `v3_server.go` |
 //! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
 //! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
 //! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
@@ -218,6 +218,15 @@ impl Server {
                     "/etcdserverpb.KV/Range",
                     axum::routing::any(move |req: http::Request<axum::body::Body>| {
                         kv::range_route(c2.clone(), req)
+                    }),
+                )
+                .route(
+                    "/etcdserverpb.KV/RangeStream",
+                    axum::routing::any({
+                        let c = ctx.clone();
+                        move |req: http::Request<axum::body::Body>| {
+                            kv::range_stream_route(c.clone(), req)
+                        }
                     }),
                 )
                 .route(

@@ -332,6 +332,14 @@ impl Scrape {
             "Permission checks for cached reads, by where the decision came from",
             &src(h.auth.0, h.auth.1, "etcd", "cache"),
         )?;
+        let checks: Vec<(Labels, u64)> =
+            h.consistency.iter().map(|(s, n)| (vec![("status", s.clone())], *n)).collect();
+        counter(
+            enc,
+            "apiserver_storage_consistency_checks",
+            "Consistency checks of the cache against etcd, by outcome (match, mismatch, error)",
+            &checks,
+        )?;
         Ok(())
     }
 }

@@ -67,10 +67,11 @@ pub struct SessionEnv {
 
 /// Responses buffered towards the client before the session waits for it...
 const OUT_ITEMS: usize = 64;
-/// ...and their bytes: what a client that stops reading costs, beyond HTTP/2's own buffers.
-pub const OUT_BYTES: usize = 2 << 20;
-/// Responses the driver holds before it stops taking input for the client.
-const PENDING_BYTES: usize = 1 << 20;
+/// ...and their bytes: what a stream whose client stops reading costs, beyond HTTP/2's flow
+/// control window (a response larger than this still goes, alone).
+pub const OUT_BYTES: usize = 512 << 10;
+/// Responses the driver holds before it stops taking relayed input for the client.
+const PENDING_BYTES: usize = 256 << 10;
 
 /// An item on its way to the client, holding its share of the outbox's byte budget until the
 /// transport takes it.
@@ -364,9 +365,9 @@ impl Driver {
                     }
                     CacheCmd::Cancel { watch } => handle.cancel(watch),
                     CacheCmd::Credit { watch, n } => handle.credit(watch, n),
-                    CacheCmd::Frontier { token, watches } => {
+                    CacheCmd::Frontier { token, watches, fresh } => {
                         let tags: Vec<_> = watches.iter().map(|(t, _)| (*t, false)).collect();
-                        if handle.frontier(token, watches, self.cache_tx.clone()).is_err() {
+                        if handle.frontier(token, watches, self.cache_tx.clone(), fresh).is_err() {
                             feedback.push(Feedback::Cache(CacheMsg::Frontier {
                                 token,
                                 cache_rv: 0,

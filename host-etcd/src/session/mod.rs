@@ -194,6 +194,9 @@ pub enum CacheCmd {
         token: u64,
         /// The watches.
         watches: Vec<(WatchTag, RequestId)>,
+        /// Answer only once the cache has caught up with etcd's current revision (a client's
+        /// progress request: etcd answers it at its current revision).
+        fresh: bool,
     },
     /// Ask etcd for progress on the cache's own watch (its revision then catches up with etcd's).
     RequestProgress,
@@ -588,15 +591,15 @@ impl WatchSession {
                 _ => {}
             }
         }
-        if self
-            .query
-            .as_ref()
-            .is_some_and(|q| q.started.add_ms(self.cfg.progress_retry_ms * 3) <= now)
-        {
+        let retry_relays = self.cfg.progress_retry_ms * 3;
+        if let Some(q) = self.query.as_mut().filter(|q| q.started.add_ms(retry_relays) <= now) {
             // A relay did not answer (etcd drops a progress request while a watcher on its
-            // stream is still catching up): ask again.
-            self.query = None;
-            self.start_query();
+            // stream is still catching up): ask it again (caches always answer).
+            q.started = now;
+            let relays: Vec<RelayId> = q.relays.iter().copied().collect();
+            for relay in relays {
+                self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Progress { relay }));
+            }
         }
         if self.progress_retry_at.is_some_and(|t| t <= now) {
             self.progress_retry_at = None;
@@ -1330,7 +1333,7 @@ impl WatchSession {
             caches.insert(token, cache);
             self.outputs.push_back(SessionOutput::Cache {
                 cache,
-                cmd: CacheCmd::Frontier { token, watches },
+                cmd: CacheCmd::Frontier { token, watches, fresh: true },
             });
         }
         self.query = Some(Query {
@@ -1478,7 +1481,7 @@ impl WatchSession {
             self.periodic_tokens.insert(token);
             self.outputs.push_back(SessionOutput::Cache {
                 cache,
-                cmd: CacheCmd::Frontier { token, watches },
+                cmd: CacheCmd::Frontier { token, watches, fresh: false },
             });
         }
         for relay in relays {

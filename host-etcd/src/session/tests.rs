@@ -110,7 +110,7 @@ impl FakeCache {
                 self.watches.remove(&watch);
             }
             CacheCmd::Credit { .. } | CacheCmd::RequestProgress => {}
-            CacheCmd::Frontier { token, watches } => {
+            CacheCmd::Frontier { token, watches, .. } => {
                 let caught_up =
                     watches.iter().map(|(t, id)| (*t, self.watches.contains_key(id))).collect();
                 self.inbox.push_back(CacheMsg::Frontier { token, cache_rv: self.rv, caught_up });

@@ -1,0 +1,358 @@
+//! What production needs of an etcd cache, against a real etcd: consistent reads that share
+//! one freshness check, compaction done directly on etcd followed within a second, the
+//! consistency checker catching a cache that lost an event, RangeStream answered as etcd
+//! answers it, and gauges that equal etcd's own counts.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use etcd_client::proto::{PbRangeRequest, PbRangeStreamResponse};
+use etcd_client::{GetOptions, WatchOptions};
+use host_etcd::EtcdOptions;
+use support::Env;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_consistent_reads_share_one_freshness_check() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let rev = direct.put("/f/k", "v1", None).await.expect("put").header().expect("h").revision();
+    env.wait_cache_rev(rev).await;
+    let cached = env.cached().await;
+    let before = env.server().metrics().upstream_requests("quorum_read");
+    let reads: Vec<_> = (0..64)
+        .map(|_| {
+            let mut c = cached.clone();
+            tokio::spawn(async move { c.get("/f/k", None).await.expect("get") })
+        })
+        .collect();
+    for r in reads {
+        let r = r.await.expect("task");
+        assert_eq!(r.kvs()[0].value(), b"v1");
+        assert!(
+            r.header().expect("h").revision() >= rev,
+            "never older than the acknowledged write"
+        );
+    }
+    let checks = env.server().metrics().upstream_requests("quorum_read") - before;
+    assert!((1..=8).contains(&checks), "64 concurrent consistent reads cost etcd {checks} reads");
+    // Read-your-write: a write acknowledged before a consistent read is in its answer.
+    for i in 0..20 {
+        let v = format!("w{i}");
+        direct.put("/f/k", v.clone(), None).await.expect("put");
+        let mut c = cached.clone();
+        let r = c.get("/f/k", None).await.expect("get");
+        assert_eq!(r.kvs()[0].value(), v.as_bytes());
+    }
+}
+
+fn compacted(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("required revision has been compacted")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_made_on_etcd_is_followed_within_a_second() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let mut revs = Vec::new();
+    for i in 0..20 {
+        revs.push(
+            direct
+                .put(format!("/c/k{i}"), "v", None)
+                .await
+                .expect("put")
+                .header()
+                .expect("h")
+                .revision(),
+        );
+    }
+    let old = revs[2];
+    env.wait_cache_rev(*revs.last().expect("rev")).await;
+    // Before: the cache answers a read at an old revision from its snapshots, as etcd would.
+    let r = cached
+        .get("/c/", Some(GetOptions::new().with_prefix().with_revision(old)))
+        .await
+        .expect("get");
+    assert_eq!(r.kvs().len(), 3);
+    let requests_before = env.server().metrics().upstream_requests("range");
+    assert_eq!(requests_before, 0, "served from the cache");
+    // Someone compacts etcd directly, past `old`.
+    direct.compact(revs[10], None).await.expect("compact");
+    let t = Instant::now();
+    let err = loop {
+        match cached.get("/c/", Some(GetOptions::new().with_prefix().with_revision(old))).await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(
+                    t.elapsed() < Duration::from_millis(1500),
+                    "still served from the cache after {:?}",
+                    t.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(compacted(&err), "etcd's own error: {err}");
+    let direct_err = direct
+        .get("/c/", Some(GetOptions::new().with_prefix().with_revision(old)))
+        .await
+        .expect_err("etcd refuses");
+    assert_eq!(err.to_string(), direct_err.to_string());
+    // A watch there is cancelled as etcd cancels it.
+    let mut w = cached
+        .watch("/c/", Some(WatchOptions::new().with_prefix().with_start_revision(old)))
+        .await
+        .expect("watch");
+    let mut compact_rev = 0;
+    for _ in 0..3 {
+        let m = tokio::time::timeout(Duration::from_secs(5), w.message())
+            .await
+            .expect("answer")
+            .expect("ok")
+            .expect("msg");
+        if m.canceled() {
+            compact_rev = m.compact_revision();
+            break;
+        }
+    }
+    assert_eq!(compact_rev, revs[10]);
+    // At and above the compaction, still from the cache.
+    let r = cached
+        .get("/c/", Some(GetOptions::new().with_prefix().with_revision(revs[12])))
+        .await
+        .expect("get");
+    assert_eq!(r.kvs().len(), 13);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consistency_checker_catches_a_lost_event_and_relists() {
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.cache.reflector.consistency_check_interval = Duration::from_millis(300);
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    for i in 0..10 {
+        direct.put(format!("/k/{i}"), "v", None).await.expect("put");
+    }
+    let cache = env.server().caches()[0].clone();
+    let wait_for = |status: &'static str, n: u64| {
+        let env = &env;
+        async move {
+            let t = Instant::now();
+            while env.server().metrics().consistency_checks(status) < n {
+                assert!(t.elapsed() < Duration::from_secs(10), "no {status} check after 10 s");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_for("match", 1).await;
+    let generation = cache.status().generation;
+    // The cache misses a revision (a lost event): it now disagrees with etcd.
+    cache.drop_next_revision_for_test();
+    let rev = direct.put("/k/lost", "x", None).await.expect("put").header().expect("h").revision();
+    env.wait_cache_rev(rev).await;
+    let r = cached.get("/k/lost", Some(GetOptions::new().with_serializable())).await.expect("get");
+    assert!(r.kvs().is_empty(), "the hook made the cache miss it");
+    wait_for("mismatch", 1).await;
+    let t = Instant::now();
+    while cache.status().generation == generation || !cache.status().ready {
+        assert!(t.elapsed() < Duration::from_secs(10), "no relist after the mismatch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = cached.get("/k/lost", Some(GetOptions::new().with_serializable())).await.expect("get");
+    assert_eq!(r.kvs()[0].value(), b"x", "after the relist the cache holds what etcd holds");
+    let state = reqwest::get(format!("{}/debug/state", env.http()))
+        .await
+        .expect("state")
+        .text()
+        .await
+        .expect("text");
+    assert!(state.contains("consistency_check"), "{state}");
+    assert!(
+        env.cache_metric("apiserver_storage_consistency_checks_total", "mismatch").await >= 1.0
+    );
+}
+
+/// The chunks of a raw RangeStream call.
+async fn range_stream(
+    endpoint: &str,
+    req: &PbRangeRequest,
+) -> Result<Vec<PbRangeStreamResponse>, tonic::Status> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready().await.expect("ready");
+    let codec = tonic_prost::ProstCodec::<PbRangeRequest, PbRangeStreamResponse>::default();
+    let mut s = g
+        .server_streaming(
+            tonic::Request::new(req.clone()),
+            http::uri::PathAndQuery::from_static("/etcdserverpb.KV/RangeStream"),
+            codec,
+        )
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = s.message().await? {
+        out.push(m);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_stream_is_answered_from_the_cache_as_etcd_answers_it() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    // Enough data for several chunks: 600 keys of 8 KiB.
+    let value = Bytes::from(vec![b'x'; 8 << 10]);
+    let mut mid = 0;
+    for i in 0..600 {
+        let r = direct.put(format!("/s/{i:04}"), value.to_vec(), None).await.expect("put");
+        if i == 300 {
+            mid = r.header().expect("h").revision();
+        }
+    }
+    let last = env.etcd_rev().await;
+    env.wait_cache_rev(last).await;
+    let end = b"/s0".to_vec();
+    let cases = [
+        (
+            "all",
+            PbRangeRequest { key: b"/s/".to_vec(), range_end: end.clone(), ..Default::default() },
+        ),
+        (
+            "limit",
+            PbRangeRequest {
+                key: b"/s/".to_vec(),
+                range_end: end.clone(),
+                limit: 55,
+                ..Default::default()
+            },
+        ),
+        (
+            "keys only",
+            PbRangeRequest {
+                key: b"/s/".to_vec(),
+                range_end: end.clone(),
+                keys_only: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "count only",
+            PbRangeRequest {
+                key: b"/s/".to_vec(),
+                range_end: end.clone(),
+                count_only: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "at a revision",
+            PbRangeRequest {
+                key: b"/s/".to_vec(),
+                range_end: end.clone(),
+                revision: mid,
+                serializable: true,
+                ..Default::default()
+            },
+        ),
+        ("one key", PbRangeRequest { key: b"/s/0007".to_vec(), ..Default::default() }),
+        (
+            "nothing",
+            PbRangeRequest {
+                key: b"/none/".to_vec(),
+                range_end: b"/none0".to_vec(),
+                ..Default::default()
+            },
+        ),
+    ];
+    let served_before = env.server().metrics().ranges().0;
+    for (name, req) in &cases {
+        let want = range_stream(&env.etcd.endpoint(), req).await.expect("etcd");
+        let got = range_stream(&env.grpc(), req).await.expect("watchcache");
+        let sizes = |v: &[PbRangeStreamResponse]| {
+            v.iter()
+                .map(|c| c.range_response.as_ref().map_or(0, |r| r.kvs.len()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(&got), sizes(&want), "{name}: the same chunks");
+        if *name == "all" {
+            assert!(want.len() > 3, "several chunks: {:?}", sizes(&want));
+        }
+        assert_eq!(got, want, "{name}: the same answer");
+    }
+    assert!(
+        env.server().metrics().ranges().0 >= served_before + cases.len() as u64 - 1,
+        "served from the cache"
+    );
+    // What the cache does not serve goes to etcd, errors included.
+    let sorted = PbRangeRequest {
+        key: b"/s/".to_vec(),
+        range_end: end,
+        sort_order: 2,
+        ..Default::default()
+    };
+    let e1 = range_stream(&env.etcd.endpoint(), &sorted).await.expect_err("etcd refuses");
+    let e2 = range_stream(&env.grpc(), &sorted).await.expect_err("refused");
+    assert_eq!((e1.code(), e1.message()), (e2.code(), e2.message()));
+}
+
+/// etcd's watcher count and watchcache's upstream-watch gauge, once they agree (10 s at most).
+async fn settle(env: &Env) -> (f64, f64) {
+    let t = Instant::now();
+    loop {
+        let a = env.etcd_metric("etcd_debugging_mvcc_watcher_total", "").await;
+        let b = env.server().metrics().upstream_watches() as f64;
+        if a == b || t.elapsed() > Duration::from_secs(10) {
+            return (a, b);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_watch_gauge_equals_etcds_watcher_count() {
+    let mut env = Env::start().await;
+    let (a, b) = settle(&env).await;
+    assert_eq!(a, b, "at start (the cache's own watch)");
+    let mut cached = env.cached().await;
+    // Watches etcd serves: keys outside... the default prefix is "/": use an old revision.
+    let mut direct = env.direct().await;
+    for i in 0..5 {
+        direct.put(format!("/g/{i}"), "v", None).await.expect("put");
+    }
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut s = cached.watch("\u{1}outside", None).await.expect("watch");
+        let m = s.message().await.expect("ok").expect("created");
+        assert!(m.created());
+        streams.push((s, m.watch_id()));
+    }
+    let (a, b) = settle(&env).await;
+    assert_eq!(a, b, "with three relayed watches");
+    let (s0, id) = &mut streams[0];
+    s0.cancel(*id).await.expect("cancel");
+    let (a, b) = settle(&env).await;
+    assert_eq!(a, b, "after a cancel");
+    drop(streams);
+    drop(cached);
+    let (a, b) = settle(&env).await;
+    assert_eq!(a, b, "after the streams ended");
+    // A restart of etcd: relays and the cache's own watch come back.
+    let mut cached = env.cached().await;
+    let mut s = cached.watch("\u{1}outside", None).await.expect("watch");
+    s.message().await.expect("ok").expect("created");
+    env.etcd.kill().await;
+    env.etcd.restart(EtcdOptions::default()).await.expect("etcd restarts");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (a, b) = settle(&env).await;
+    assert_eq!(a, b, "after etcd restarted");
+    drop(s);
+    env.stop_server().await;
+}
