@@ -204,32 +204,11 @@ func cmdSuite(args []string) int {
 		}
 	}
 	fmt.Println()
-	fmt.Println("══ summary (violations per property; details in each run's violations.txt under " + *out + ")")
-	short := map[string]string{checker.Ordered: "ord", checker.Unique: "uniq", checker.Atomic: "atom", checker.Reliable: "rel", checker.Resumable: "res",
-		checker.Bookmarkable: "bmk", checker.PrevKV: "prev", checker.Filter: "filt", checker.Events: "evt", checker.Compaction: "cmp", checker.Cancel: "cncl",
-		checker.Created: "crt", checker.WatchID: "wid", checker.Range: "rng", checker.Linearizable: "lin"}
-	hdr := fmt.Sprintf("%-34s %7s %9s %-44s", "run", "writes", "events", "faults")
-	for _, p := range checker.Properties {
-		hdr += fmt.Sprintf(" %4s", short[p])
-	}
-	fmt.Println(hdr + "  total")
-	bad := 0
+	var sum []summaryRow
 	for _, r := range rows {
-		if r.err != nil {
-			fmt.Printf("%-34s harness error: %v\n", r.name, r.err)
-			bad++
-			continue
-		}
-		f := r.rep.Figures
-		line := fmt.Sprintf("%-34s %7d %9d %-44s", r.name, f.Writes, f.EventsDelivered, strings.ReplaceAll(r.rep.FaultsLine(), "compactions", "compact"))
-		for _, p := range checker.Properties {
-			line += fmt.Sprintf(" %4d", r.rep.Count(p))
-		}
-		fmt.Printf("%s  %d\n", line, r.rep.Total())
-		if r.rep.Total() > 0 {
-			bad++
-		}
+		sum = append(sum, summaryRow{r.name, r.rep, r.err})
 	}
+	bad := printSummary(sum, *out)
 	missed := 0
 	if *selftestToo {
 		fmt.Println()
@@ -278,24 +257,41 @@ func selftestReport(src string, run *record.Run) int {
 func cmdCheck(args []string) int {
 	fs := flag.NewFlagSet("check", flag.ExitOnError)
 	details := fs.Int("details", 5, "violations printed in full per property (0: all)")
+	quiet := fs.Bool("summary", false, "several recordings: only the summary table")
 	_ = fs.Parse(args)
-	if fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: robustness check [--details N] RUN.gob.gz")
+	if fs.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "usage: robustness check [--details N] [--summary] RUN.gob.gz...")
 		return 2
 	}
-	run, err := record.Load(fs.Arg(0))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+	var rows []summaryRow
+	for _, path := range fs.Args() {
+		run, err := record.Load(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		rep, err := checker.Check(run)
+		name := fmt.Sprintf("seed %d %s", run.Seed, run.Target)
+		if run.Target == "watchcache" {
+			name += fmt.Sprintf(" (flag set %d)", run.FlagSet)
+		}
+		rows = append(rows, summaryRow{name, rep, err})
+		if err != nil || *quiet {
+			continue
+		}
+		rep.PrintTable(os.Stdout, fmt.Sprintf("%s: seed %d · target %s · flag set %d", path, run.Seed, run.Target, run.FlagSet))
+		rep.PrintDetails(os.Stdout, *details)
 	}
-	rep, err := checker.Check(run)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	bad := 0
+	if len(rows) > 1 || *quiet {
+		bad = printSummary(rows, "the recordings' directories")
+	} else if rows[0].err != nil {
+		fmt.Fprintln(os.Stderr, rows[0].err)
 		return 2
+	} else if rows[0].rep.Total() > 0 {
+		bad = 1
 	}
-	rep.PrintTable(os.Stdout, fmt.Sprintf("%s: seed %d · target %s · flag set %d", fs.Arg(0), run.Seed, run.Target, run.FlagSet))
-	rep.PrintDetails(os.Stdout, *details)
-	if rep.Total() > 0 {
+	if bad > 0 {
 		return 1
 	}
 	return 0
@@ -324,4 +320,42 @@ func cmdSelftest(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+type summaryRow struct {
+	name string
+	rep  *checker.Report
+	err  error
+}
+
+// printSummary prints one line per run with its violations per property; it returns the
+// number of runs with violations or errors.
+func printSummary(rows []summaryRow, where string) int {
+	fmt.Println("══ summary (violations per property; details in each run's violations.txt under " + where + ")")
+	short := map[string]string{checker.Ordered: "ord", checker.Unique: "uniq", checker.Atomic: "atom", checker.Reliable: "rel", checker.Resumable: "res",
+		checker.Bookmarkable: "bmk", checker.PrevKV: "prev", checker.Filter: "filt", checker.Events: "evt", checker.Compaction: "cmp", checker.Cancel: "cncl",
+		checker.Created: "crt", checker.WatchID: "wid", checker.Range: "rng", checker.Linearizable: "lin"}
+	hdr := fmt.Sprintf("%-34s %7s %9s %-44s", "run", "writes", "events", "faults")
+	for _, p := range checker.Properties {
+		hdr += fmt.Sprintf(" %4s", short[p])
+	}
+	fmt.Println(hdr + "  total")
+	bad := 0
+	for _, r := range rows {
+		if r.err != nil {
+			fmt.Printf("%-34s harness error: %v\n", r.name, r.err)
+			bad++
+			continue
+		}
+		f := r.rep.Figures
+		line := fmt.Sprintf("%-34s %7d %9d %-44s", r.name, f.Writes, f.EventsDelivered, strings.ReplaceAll(r.rep.FaultsLine(), "compactions", "compact"))
+		for _, p := range checker.Properties {
+			line += fmt.Sprintf(" %4d", r.rep.Count(p))
+		}
+		fmt.Printf("%s  %d\n", line, r.rep.Total())
+		if r.rep.Total() > 0 {
+			bad++
+		}
+	}
+	return bad
 }
