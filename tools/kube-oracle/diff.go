@@ -65,6 +65,7 @@ func diffCmd(args []string) int {
 	right := fl.String("right", "oracle", "right side: oracle or oracle:PROFILE (or watchcache)")
 	jobs := fl.Int("j", 2, "scenarios run in parallel")
 	fl.IntVar(&oracleRuns, "runs", 8, "runs of the oracle per scenario: where two of Kubernetes' goroutines act at the same instant the outcome can vary, and each outcome seen is accepted")
+	fl.IntVar(&oracleRacyRuns, "racy-runs", 24, "further runs of a scenario whose first runs varied (to see all its outcomes)")
 	verbose := fl.Bool("v", false, "print the differing records of every scenario that differs")
 	noAllow := fl.Bool("no-allow", false, "ignore the allow-list (every difference fails)")
 	showReasons := fl.Bool("reasons", false, "print the allow-list's reason beside each allowed difference")
@@ -260,8 +261,9 @@ func compareOne(file string, l, r side, watchcache, binDir string) (row, string)
 	return out, detail
 }
 
-// oracleRuns is how many times the oracle runs each scenario.
-var oracleRuns = 8
+// oracleRuns is how many times the oracle runs each scenario, oracleRacyRuns how many more
+// times if those runs did not all agree.
+var oracleRuns, oracleRacyRuns = 8, 24
 
 func variantsOf(o outcome) [][]map[string]any {
 	if len(o.variants) > 0 {
@@ -392,7 +394,8 @@ func runSide(s side, file, profile, watchcache, binDir string) outcome {
 	defer os.Remove(metaFile.Name())
 	args = append(args, "-meta", metaFile.Name(), file)
 	seen := map[string]bool{}
-	for run := 0; run < max(1, oracleRuns); run++ {
+	runs := max(1, oracleRuns)
+	for run := 0; run < runs; run++ {
 		cmd := exec.Command(bin, args...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
@@ -421,6 +424,9 @@ func runSide(s side, file, profile, watchcache, binDir string) outcome {
 		if !seen[string(stdout)] {
 			seen[string(stdout)] = true
 			o.variants = append(o.variants, t)
+		}
+		if run == runs-1 && runs == max(1, oracleRuns) && len(o.variants) > 1 {
+			runs += oracleRacyRuns // it races: look for all its outcomes
 		}
 	}
 	return o
