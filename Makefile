@@ -142,6 +142,26 @@ oracle-diff: setup-kube-oracle setup-rust ## every scenario through watchcache r
 oracle-changes: setup-kube-oracle ## what the v1.37 cacher does differently from v1.34's on every scenario (both run as each profile)
 	$(TOOLS)/bin/kube-oracle-v1.30 diff -left oracle:v1.34 -right oracle:v1.37 -bin $(TOOLS)/bin $(ORACLE_DIFF_ARGS) || true
 
+# A real kube-apiserver on etcd and on watchcache (tools/kube, issues 14 and 15): kube-apiserver
+# and kubectl built from the k8s.io/kubernetes module, the harness from the same module.
+# Flags for kube-check (e.g. KUBE_CHECK_ARGS="-modes etcd,watchcache -keep") and validate-slo-k8s.
+KUBE_CHECK_ARGS ?=
+SLO_K8S_ARGS ?=
+
+.PHONY: setup-kube kube-check validate-slo-k8s
+
+setup-kube: ## kube-apiserver and kubectl (k8s.io/kubernetes, version in tools/kube/go.mod; a cold build takes ~7 min) and kube-harness in .tools/bin
+	@test -n "$(GO)" || { echo "Go not found (needed for tools/kube)" >&2; exit 1; }
+	GO=$(GO) TOOLS=$(TOOLS) tools/kube/build.sh
+
+kube-check: setup-kube setup-etcd setup-rust ## kube-apiserver on etcd directly and through watchcache, side by side: issue 14's table and kubectl checks (~10 min)
+	$(CARGO) build --release -p host-etcd --bin watchcache
+	$(TOOLS)/bin/kube-harness check $(KUBE_CHECK_ARGS)
+
+validate-slo-k8s: setup-kube setup-etcd setup-rust ## client-go reflectors that disconnect, on kube-apiserver (etcd / watchcache) against simulate() (~20 min; docs/slo.md)
+	$(CARGO) build --release -p host-etcd --bin watchcache
+	$(TOOLS)/bin/kube-harness slo $(SLO_K8S_ARGS)
+
 setup-rust: setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 
