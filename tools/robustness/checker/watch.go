@@ -653,6 +653,9 @@ func (c *checker) cancels(v *view, evs []got, from int64) {
 			}
 			continue
 		}
+		if v.st.Client == record.ClientV3 && r.Canceled && v.closedSeq > 0 && r.Seq > v.closedSeq {
+			continue // clientv3's own closing response after the watch's cancel
+		}
 		if r.Canceled && (v.cancelAt == 0 || v.cancelAt > r.Seq) {
 			d := []string{"response " + r.Describe(4, nil)}
 			why := ""

@@ -105,7 +105,11 @@ func (s *v3Slot) read(ctx context.Context, w *v3watch, sr *streamRec, ch clientv
 	r := rand.New(rand.NewPCG(seed, 11))
 	nextStall := time.Now().Add(time.Duration(3000+r.IntN(10000)) * time.Millisecond)
 	var last record.Response
+	var compactRev int64 // clientv3 may follow a compaction cancel with a closing response of its own
 	for resp := range ch {
+		if resp.CompactRevision != 0 {
+			compactRev = resp.CompactRevision
+		}
 		pr := &pb.WatchResponse{Header: resp.Header, Events: resp.Events, CompactRevision: resp.CompactRevision,
 			Canceled: resp.Canceled, Created: resp.Created, CancelReason: resp.CancelReason}
 		if pr.Canceled && pr.CancelReason == "" && resp.Err() != nil {
@@ -148,8 +152,8 @@ func (s *v3Slot) read(ctx context.Context, w *v3watch, sr *streamRec, ch clientv
 		s.mu.Lock()
 		w.dropped = true
 		s.mu.Unlock()
-	case last.CompactRevision != 0:
-		s.start(ctx, w, last.CompactRevision, "after-compaction")
+	case compactRev != 0:
+		s.start(ctx, w, compactRev, "after-compaction")
 	default:
 		// Closed by the server (or clientv3 gave up): start again after a pause.
 		select {
