@@ -477,7 +477,13 @@ impl Cache {
             .send(Ok(create))
             .await
             .map_err(|_| Error::Unavailable("the cache is closed".into()))?;
-        let mut stream = WatchStream { req_tx, out: out_rx, watch_id: 0, done: false };
+        let mut stream = WatchStream {
+            req_tx,
+            out: out_rx,
+            ready: std::collections::VecDeque::new(),
+            watch_id: 0,
+            done: false,
+        };
         let created = match futures::StreamExt::next(&mut stream).await {
             Some(Ok(r)) => r,
             Some(Err(e)) => return Err(e),
@@ -589,6 +595,8 @@ fn cancel_error(r: &PbWatchResponse) -> Error {
 pub struct WatchStream {
     req_tx: mpsc::Sender<Result<PbWatchRequest, Status>>,
     out: mpsc::Receiver<OutItem>,
+    /// The rest of the last batch.
+    ready: std::collections::VecDeque<Response>,
     watch_id: i64,
     done: bool,
 }
@@ -653,7 +661,25 @@ impl futures::Stream for WatchStream {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.out.poll_recv(cx).map(|o| o.map(|(item, _permit)| item)) {
+        let next = match self.ready.pop_front() {
+            Some(r) => Poll::Ready(Some(Ok(r))),
+            None => match self.out.poll_recv(cx).map(|o| o.map(|(item, _permit)| item)) {
+                Poll::Ready(Some(Ok(batch))) => {
+                    self.ready.extend(batch);
+                    match self.ready.pop_front() {
+                        Some(r) => Poll::Ready(Some(Ok(r))),
+                        None => {
+                            cx.waker().wake_by_ref();
+                            Poll::Pending
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(s))) => Poll::Ready(Some(Err(s))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        };
+        match next {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.done = true;

@@ -1,6 +1,7 @@
 //! etcd's wire format at the server's edge: a cached event is encoded once per option set
 //! (inside its shared run, `cache/delivery.rs`), and each watcher's response is framed from
-//! those bytes: its own header and watch id, then the shared events. The Watch stream's codec.
+//! those bytes: its own header and watch id, then the shared events. The Watch stream's
+//! request decoder.
 //!
 //! etcd counterparts: `api/etcdserverpb/rpc.proto` (`WatchResponse`); the framing replaces
 //! what `server/etcdserver/api/v3rpc/watch.go`'s `sendLoop` builds per watcher.
@@ -9,7 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use cacher_core::Event;
 use etcd_client::proto::PbWatchRequest;
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{DecodeBuf, Decoder};
 use tonic::Status;
 
 use crate::convert::pb_event;
@@ -38,49 +39,21 @@ pub fn encode_events(e: &EventsResponse, dst: &mut impl BufMut) {
     }
 }
 
-/// The Watch service's codec: decodes `WatchRequest`s with prost, encodes a session's [`Response`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct WatchCodec;
+/// Writes a session's response: a typed one with prost, cached events from their shared
+/// encodings.
+pub fn encode_response(r: &Response, dst: &mut impl BufMut) {
+    match r {
+        Response::Message(m) => {
+            // Writing into a growable buffer cannot fail.
+            let _ = m.encode(dst);
+        }
+        Response::Events(e) => encode_events(e, dst),
+    }
+}
 
-/// Encoder half of [`WatchCodec`].
-#[derive(Debug)]
-pub struct WatchEncoder;
-
-/// Decoder half of [`WatchCodec`].
+/// Decodes the Watch stream's requests with prost (tonic's streaming decoder drives it).
 #[derive(Debug)]
 pub struct WatchDecoder;
-
-impl Codec for WatchCodec {
-    type Encode = Response;
-    type Decode = PbWatchRequest;
-    type Encoder = WatchEncoder;
-    type Decoder = WatchDecoder;
-
-    fn encoder(&mut self) -> WatchEncoder {
-        WatchEncoder
-    }
-
-    fn decoder(&mut self) -> WatchDecoder {
-        WatchDecoder
-    }
-}
-
-impl Encoder for WatchEncoder {
-    type Item = Response;
-    type Error = Status;
-
-    fn encode(&mut self, item: Response, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        match item {
-            Response::Message(m) => {
-                m.encode(dst).map_err(|e| Status::internal(format!("encoding: {e}")))
-            }
-            Response::Events(e) => {
-                encode_events(&e, dst);
-                Ok(())
-            }
-        }
-    }
-}
 
 impl Decoder for WatchDecoder {
     type Item = PbWatchRequest;

@@ -73,9 +73,10 @@ pub const OUT_BYTES: usize = 512 << 10;
 /// Responses the driver holds before it stops taking relayed input for the client.
 const PENDING_BYTES: usize = 256 << 10;
 
-/// An item on its way to the client, holding its share of the outbox's byte budget until the
-/// transport takes it.
-pub type OutItem = (Result<Response, Status>, Option<OwnedSemaphorePermit>);
+/// Responses on their way to the client, a batch per wake-up (the server writes a batch as one
+/// HTTP/2 data frame), holding their share of the outbox's byte budget until the transport
+/// takes them; or the error that ends the stream.
+pub type OutItem = (Result<Vec<Response>, Status>, Option<OwnedSemaphorePermit>);
 
 /// The session's side of the queue towards the client, bounded in responses and in bytes.
 pub struct Outbox {
@@ -90,10 +91,47 @@ impl Outbox {
         (Outbox { tx, budget: Arc::new(Semaphore::new(OUT_BYTES)) }, rx)
     }
 
-    async fn send(&self, item: Result<Response, Status>, size: usize) -> Result<(), ()> {
-        let n = size.clamp(1, OUT_BYTES) as u32;
-        let permit = self.budget.clone().acquire_many_owned(n).await.map_err(|_| ())?;
-        self.tx.send((item, Some(permit))).await.map_err(|_| ())
+    /// Ends the stream with `status`.
+    async fn fail(&self, status: Status) {
+        let _ = self.tx.send((Err(status), None)).await;
+    }
+
+    /// Moves what fits of `pending` to the transport as one batch; returns the batch's credit.
+    fn push(
+        &self,
+        pending: &mut VecDeque<Response>,
+        pending_bytes: &mut usize,
+    ) -> Vec<super::Credit> {
+        let mut credits = Vec::new();
+        if pending.is_empty() {
+            return credits;
+        }
+        let Ok(slot) = self.tx.try_reserve() else { return credits };
+        let available = self.budget.available_permits();
+        let (mut take, mut bytes) = (0usize, 0usize);
+        for r in pending.iter() {
+            let size = response_size(r).clamp(1, OUT_BYTES);
+            if bytes + size > available {
+                break;
+            }
+            bytes += size;
+            take += 1;
+        }
+        if take == 0 {
+            return credits;
+        }
+        let Ok(permit) = self.budget.clone().try_acquire_many_owned(bytes as u32) else {
+            return credits;
+        };
+        let batch: Vec<Response> = pending.drain(..take).collect();
+        *pending_bytes = pending_bytes.saturating_sub(bytes);
+        for r in &batch {
+            if let Response::Events(e) = r {
+                credits.extend(e.credit);
+            }
+        }
+        slot.send((Ok(batch), Some(permit)));
+        credits
     }
 }
 
@@ -160,20 +198,10 @@ where
     let mut inbound_open = true;
     loop {
         d.carry_out(&mut session);
-        // Hand what is ready to the transport, as far as the outbox has room; the credit of
-        // what it takes goes back to the caches.
-        while let Some(item) = d.pending.front() {
-            let size = response_size(item).clamp(1, OUT_BYTES);
-            let Ok(permit) = out.budget.clone().try_acquire_many_owned(size as u32) else { break };
-            let Ok(slot) = out.tx.try_reserve() else { break };
-            let Some(item) = d.pending.pop_front() else { break };
-            d.pending_bytes = d.pending_bytes.saturating_sub(size);
-            if let Response::Events(e) = &item {
-                if let Some(c) = e.credit {
-                    d.give_back(c);
-                }
-            }
-            slot.send((Ok(item), Some(permit)));
+        // Hand what is ready to the transport as one batch, as far as the outbox has room;
+        // the credit of what it takes goes back to the caches.
+        for c in out.push(&mut d.pending, &mut d.pending_bytes) {
+            d.give_back(c);
         }
         // Relayed responses wait while the client is not reading (the relays then stop
         // reading etcd); cache messages are bounded by credit and always taken.
@@ -183,7 +211,7 @@ where
         tokio::select! {
             biased;
             _ = shutdown.changed() => {
-                let _ = out.send(Err(Status::unavailable("watchcache is shutting down")), 1).await;
+                out.fail(Status::unavailable("watchcache is shutting down")).await;
                 break;
             }
             // The client went away (its end of the stream was dropped).
@@ -200,7 +228,7 @@ where
                     // A request etcd could not read ends the stream with etcd's error (a
                     // client that went away never sees it).
                     debug!(error = %e, "watch stream ended");
-                    let _ = out.send(Err(e), 1).await;
+                    out.fail(e).await;
                     break;
                 }
             },
