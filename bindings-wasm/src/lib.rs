@@ -995,11 +995,9 @@ fn output_of(item: OutputItem) -> JsOutput {
             JsOutput { source: Some("storage"), reason: Some(reason.into()), ..base }
         }
         OutputItem::Read { outcome: ReadOutcome::Storage { reason }, .. }
-        | OutputItem::Range { outcome: RangeOutcome::Storage { reason }, .. } => JsOutput {
-            source: Some("storage"),
-            reason: Some(reason.into()),
-            ..base
-        },
+        | OutputItem::Range { outcome: RangeOutcome::Storage { reason }, .. } => {
+            JsOutput { source: Some("storage"), reason: Some(reason.into()), ..base }
+        }
         OutputItem::Read { outcome: ReadOutcome::Cache(r), .. } => JsOutput {
             source: Some("cache"),
             reason: Some(r.reason.into()),

@@ -143,8 +143,9 @@ impl Replayer {
     }
 
     fn record(&mut self) {
-        while let Some(item) = self.driver.poll_item() {
-            self.trace.extend(record_of(&item, &self.names));
+        let (names, trace) = (&self.names, &mut self.trace);
+        while let Some((at, out)) = self.driver.poll_output() {
+            OutputItem::expand(at, out, &mut |item| trace.extend(record_of(&item, names)));
         }
     }
 
