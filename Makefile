@@ -64,13 +64,15 @@ bench-python: python ## replay of a 100 000-event scenario, Python vs Rust (figu
 	$(CARGO) build -q --release -p cacher-core --example replay_bench
 	$(VENV)/bin/python bindings-python/bench/replay_bench.py $(ROOT)/target/release/examples/replay_bench
 
-wasm: setup-wasm ## build bindings-wasm/pkg (web) and bindings-wasm/pkg-node (Node), with TypeScript types
+wasm: setup-wasm ## build the npm package watchcache-wasm in bindings-wasm/ (pkg/: browser ESM, pkg-node/: Node), with TypeScript types
 	$(CARGO) build -q -p watchcache-wasm --target wasm32-unknown-unknown --profile wasm-release
 	$(TOOLS)/bin/wasm-bindgen --target web --out-dir bindings-wasm/pkg --out-name watchcache $(WASM_OUT)
 	$(TOOLS)/bin/wasm-bindgen --target nodejs --out-dir bindings-wasm/pkg-node --out-name watchcache $(WASM_OUT)
+	node bindings-wasm/scripts/package.mjs
 
-# tsc (TypeScript, from web-demo's npm packages) type-checks the package's declarations.
-test-wasm: wasm $(ROOT)/web-demo/node_modules/.package-lock.json ## Node tests of the wasm package (node --test), tsc on its .d.ts
+# tsc (TypeScript, from web-demo's npm packages) type-checks the package's declarations;
+# tests/package.test.mjs packs the package and installs the tarball as a user would.
+test-wasm: wasm $(ROOT)/web-demo/node_modules/.package-lock.json ## Node tests of the wasm package (node --test), tsc on its .d.ts, the packed npm package installed and used
 	cd bindings-wasm && TSC=$(ROOT)/web-demo/node_modules/.bin/tsc node --test tests/
 
 bench-wasm: wasm ## replay of a 100 000-event scenario, wasm (Node) vs native (figures in BENCHMARKS.md)

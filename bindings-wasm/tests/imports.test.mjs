@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { here } from "./helpers.mjs";
 
 test("wasm imports only wasm-bindgen glue", () => {
-  const bytes = readFileSync(join(here, "..", "pkg-node", "watchcache_bg.wasm"));
+  const bytes = readFileSync(join(here, "..", "pkg", "watchcache_bg.wasm"));
   const mod = new WebAssembly.Module(bytes);
   const imports = WebAssembly.Module.imports(mod);
   const modules = new Set(imports.map((i) => i.module));
@@ -17,7 +17,7 @@ test("wasm imports only wasm-bindgen glue", () => {
 // wasm-bindgen names js-sys calls after the JS function (`__wbg_now_<hash>`): the prefix alone
 // would let a clock or a random source in. The core is sans-IO: none of these may appear.
 test("wasm imports no clock, randomness, timer or I/O from JS", () => {
-  const bytes = readFileSync(join(here, "..", "pkg-node", "watchcache_bg.wasm"));
+  const bytes = readFileSync(join(here, "..", "pkg", "watchcache_bg.wasm"));
   const names = WebAssembly.Module.imports(new WebAssembly.Module(bytes)).map((i) => i.name.replace(/_[0-9a-f]{16}$/, ""));
   assert.ok(names.length > 0);
   const forbidden = /now|date|random|crypto|performance|timeout|interval|fetch|process|require|fs_|read|write/i;
