@@ -1,5 +1,5 @@
 # The web demo (included by the top Makefile, which defines ROOT and TOOLS).
-#   make web        build the static site into web-demo/dist (needs the wasm package)
+#   make web        build the static site into web-demo/dist (esbuild; the wasm package by name)
 #   make test-web   browser tests in headless Chromium (playwright-core from npm)
 #   make serve-web  serve web-demo/dist on http://127.0.0.1:8081/
 WEB := $(ROOT)/web-demo
@@ -15,7 +15,7 @@ setup-web-node:
 	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' || \
 	  { echo "web-demo needs Node.js 20 or newer (found $$(node --version))" >&2; exit 1; }
 
-web: wasm setup-web-node ## build the teaching page into web-demo/dist (static files, works offline)
+web: wasm setup-web-node $(WEB)/node_modules/.package-lock.json ## build the teaching page into web-demo/dist (static files bundled by esbuild, works offline)
 	node $(WEB)/scripts/build.mjs $(WEB_DIST)
 
 # npm ci when node_modules is missing or older than the lock file (npm writes this marker).
@@ -24,7 +24,7 @@ $(WEB)/node_modules/.package-lock.json: $(WEB)/package.json $(WEB)/package-lock.
 	cd $(WEB) && npm ci --no-audit --no-fund
 	touch $@
 
-test-web: web setup-web-node $(WEB)/node_modules/.package-lock.json ## browser tests of the page in headless Chromium (screenshots in artifacts/web)
+test-web: web setup-web-node $(WEB)/node_modules/.package-lock.json ## browser tests of the page, and of a page bundling the packed npm package, in headless Chromium (screenshots in artifacts/web)
 	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) not found: installing Debian's chromium" >&2; apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }; }
 	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) is still missing after apt-get install chromium" >&2; exit 1; }
 	mkdir -p $(WEB_ARTIFACTS)

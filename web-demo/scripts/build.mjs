@@ -1,18 +1,20 @@
-// Builds the static site into web-demo/dist: the page (src/), a copy of the wasm package
-// (bindings-wasm/pkg, web target), a copy of every scenario (scenarios/*.json, golden
-// traces included) with a generated index, and the simulator's workloads
-// (scenarios/simulate/*.json, the what-if panel's presets) with theirs. No bundler: the
-// output is plain files that work from any static server, offline. Fails loudly when an input
-// is missing.
+// Builds the static site into web-demo/dist: the page (src/), its two scripts (js/main.js and
+// the what-if worker js/whatif-worker.js) bundled by esbuild with the npm package
+// watchcache-wasm imported by name (web-demo's dependency on ../bindings-wasm; the browser
+// build, whose .wasm sits next to the bundles), a copy of every scenario (scenarios/*.json,
+// golden traces included) with a generated index, and the simulator's workloads
+// (scenarios/simulate/*.json, the what-if panel's presets) with theirs. The output is plain
+// files that work from any static server, offline. Fails loudly when an input is missing.
 import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { createRequire } from "node:module";
+import { dirname, join, sep } from "node:path";
 import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const demo = join(here, "..");
 const root = join(demo, "..");
 const src = join(demo, "src");
-const pkg = join(root, "bindings-wasm", "pkg");
 const scenarios = join(root, "scenarios");
 const dist = process.argv[2] ?? join(demo, "dist");
 
@@ -23,17 +25,32 @@ function need(path, what) {
   }
 }
 need(join(src, "index.html"), "the page");
-for (const f of ["watchcache.js", "watchcache_bg.wasm"]) need(join(pkg, f), `the wasm package (run \`make wasm\`)`);
 need(scenarios, "the scenarios");
+// The package as the bundler sees it (by name, through web-demo/node_modules).
+let wasm;
+try {
+  wasm = createRequire(import.meta.url).resolve("watchcache-wasm/watchcache_bg.wasm");
+} catch (e) {
+  console.error(`build: the npm package watchcache-wasm is not installed in web-demo (npm ci): ${e.message}`);
+  process.exit(1);
+}
+need(wasm, "the wasm package (run `make wasm`)");
 
 rmSync(dist, { recursive: true, force: true });
 mkdirSync(dist, { recursive: true });
-cpSync(src, dist, { recursive: true });
-mkdirSync(join(dist, "pkg"));
-for (const f of readdirSync(pkg)) {
-  if (f === ".gitignore" || f === "package.json") continue;
-  cpSync(join(pkg, f), join(dist, "pkg", f));
-}
+const js = join(src, "js");
+cpSync(src, dist, { recursive: true, filter: (f) => f !== js && !f.startsWith(js + sep) });
+await build({
+  entryPoints: [join(src, "js", "main.js"), join(src, "js", "whatif-worker.js")],
+  outdir: join(dist, "js"),
+  bundle: true,
+  format: "esm",
+  platform: "browser",
+  target: "es2022",
+  sourcemap: true,
+  logLevel: "warning",
+});
+cpSync(wasm, join(dist, "js", "watchcache_bg.wasm"));
 
 // Topics of the library, in the order the page lists them.
 const TOPICS = [

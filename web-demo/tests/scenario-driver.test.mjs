@@ -1,6 +1,6 @@
 // The page's scenario stepper (src/js/scenario.js) must give, step by step, exactly the records
 // of the core's own replayer (`replay(scenario)`): same order, same fields, same values.
-// It runs against the nodejs build of the same wasm package (bindings-wasm/pkg-node).
+// It runs against the Node build of the same npm package (watchcache-wasm, by name).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createRequire } from "node:module";
@@ -11,7 +11,7 @@ import { ScenarioRun, stepSummary } from "../src/js/scenario.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..");
-const wc = createRequire(import.meta.url)(join(root, "bindings-wasm", "pkg-node", "watchcache.js"));
+const wc = createRequire(import.meta.url)("watchcache-wasm");
 const dir = join(root, "scenarios");
 const files = readdirSync(dir).filter((f) => f.endsWith(".json") && !f.endsWith(".trace.json")).sort();
 

@@ -26,7 +26,7 @@ const artifacts = process.env.ARTIFACTS ?? join(root, "artifacts", "web");
 const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const VIEWPORT = { width: 1440, height: 1100 };
 // The same wasm package built for Node: what the What-if tab shows must be its report.
-const wcNode = createRequire(import.meta.url)(join(root, "bindings-wasm", "pkg-node", "watchcache.js"));
+const wcNode = createRequire(import.meta.url)("watchcache-wasm");
 const workload = (f) => JSON.parse(readFileSync(join(root, "scenarios", "simulate", f), "utf8"));
 
 let server;

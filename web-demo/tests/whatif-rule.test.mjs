@@ -11,7 +11,7 @@ import { predict, measure, compare, dynamicCapacity, getPath, setPath, workloadT
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..");
-const wc = createRequire(import.meta.url)(join(root, "bindings-wasm", "pkg-node", "watchcache.js"));
+const wc = createRequire(import.meta.url)("watchcache-wasm");
 const dir = join(root, "scenarios", "simulate");
 const load = (f) => JSON.parse(readFileSync(join(dir, f), "utf8"));
 const cfgOf = (w) => {

@@ -1,6 +1,6 @@
 // Entry point: load the WebAssembly core, the scenario index, then start the app. When the
 // first view is drawn, <body data-ready="true"> tells the browser tests (and anyone) so.
-import init, { Cacher, replay, version } from "../pkg/watchcache.js";
+import init, { Cacher, replay, version } from "watchcache-wasm";
 import { App } from "./app.js";
 
 async function main() {

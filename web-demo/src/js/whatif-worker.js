@@ -2,7 +2,7 @@
 // `simulate(workload)` (an object or its JSON text), its report posted back as is (BigInt
 // counts survive structured clone). An error is posted back with its name and message (a bad
 // workload's ScenarioError names the field); the page never sees an exception from here.
-import init, { simulate } from "../pkg/watchcache.js";
+import init, { simulate } from "watchcache-wasm";
 
 const ready = init();
 // Where this code runs, reported with every answer (the browser test checks it is a worker).
