@@ -307,6 +307,10 @@ func (c *checker) watch(v *view) {
 	// Per event: contents, filters, prev_kv, before the start.
 	for _, g := range evs {
 		e := g.ev
+		if !req.Matches(e) {
+			c.watchViolation(v, Filter, e.Rev(), g.resp, fmt.Sprintf("watch record %d: %s does not match the request", v.rec.ID, e.Short()),
+				"in "+c.respLine(v, g.resp, e))
+		}
 		if g.hi < 0 {
 			c.watchViolation(v, Events, e.Rev(), g.resp, fmt.Sprintf("watch record %d: %s is not in etcd's history (etcd at %d: %s)", v.rec.ID, e.Short(), e.Rev(), c.atRev(e.Rev())),
 				"event "+e.Long(), "in "+c.respLine(v, g.resp, e))
@@ -316,10 +320,6 @@ func (c *checker) watch(v *view) {
 		if e.Type != want.Type || !e.KV.Equal(&want.KV) {
 			c.watchViolation(v, Events, e.Rev(), g.resp, fmt.Sprintf("watch record %d: %s differs from etcd's event", v.rec.ID, e.Short()),
 				"got   "+e.Long(), "etcd  "+want.Long(), "in "+c.respLine(v, g.resp, e))
-		}
-		if !req.Matches(e) {
-			c.watchViolation(v, Filter, e.Rev(), g.resp, fmt.Sprintf("watch record %d: %s does not match the request", v.rec.ID, e.Short()),
-				"in "+c.respLine(v, g.resp, e))
 		}
 		if e.Rev() < lower {
 			c.watchViolation(v, Resumable, e.Rev(), g.resp, fmt.Sprintf("watch record %d: %s is before the watch's start (revision %d)", v.rec.ID, e.Short(), lower),
