@@ -39,32 +39,32 @@ type gaugeSample struct {
 }
 
 type modeResult struct {
-	cfg                                    modeCfg
-	readyStart, readyRestart, creates      time.Duration
-	rangesStart, rangesRestart             float64
-	mvccStart, mvccRestart                 float64
-	quorumRestart                          float64
+	cfg                                     modeCfg
+	readyStart, readyRestart, creates       time.Duration
+	rangesStart, rangesRestart              float64
+	mvccStart, mvccRestart                  float64
+	quorumRestart                           float64
 	streams1, streams2, watchers1, watcher2 float64
-	rtt                                    map[string]float64
-	checks                                 []checkResult
-	gauges                                 []gaugeSample
-	warnings                               map[string]int
-	err                                    error
-	dur                                    time.Duration
+	rtt                                     map[string]float64
+	checks                                  []checkResult
+	gauges                                  []gaugeSample
+	warnings                                map[string]int
+	err                                     error
+	dur                                     time.Duration
 }
 
 type checkRun struct {
-	b    bins
-	cfg  modeCfg
-	res  *modeResult
-	dir  string
-	pki  *pki
-	e    *etcdProc
-	wc   *wcProc
-	a, b2 *apiserver
-	ec   *clientv3.Client
+	b      bins
+	cfg    modeCfg
+	res    *modeResult
+	dir    string
+	pki    *pki
+	e      *etcdProc
+	wc     *wcProc
+	a, b2  *apiserver
+	ec     *clientv3.Client
 	wcArgs []string
-	logf func(string, ...any)
+	logf   func(string, ...any)
 }
 
 func (r *checkRun) check(name string, f func() (string, error)) bool {

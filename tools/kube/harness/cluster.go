@@ -271,7 +271,7 @@ func (m metrics) sum(name string, labels ...string) float64 {
 func etcdRanges(m metrics) float64 {
 	return m.sum("grpc_server_handled_total", `grpc_method="Range"`)
 }
-func etcdMVCCRanges(m metrics) float64  { return m.sum("etcd_mvcc_range_total") }
+func etcdMVCCRanges(m metrics) float64   { return m.sum("etcd_mvcc_range_total") }
 func etcdWatchStreams(m metrics) float64 { return m.sum("etcd_debugging_mvcc_watch_stream_total") }
 func etcdWatchers(m metrics) float64     { return m.sum("etcd_debugging_mvcc_watcher_total") }
 func etcdTxns(m metrics) float64 {
