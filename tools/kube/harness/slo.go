@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 )
 
 // workload is a simulate() workload (cacher-core/src/simulate.rs) plus a "k8s" section for what
@@ -193,7 +194,8 @@ func init() { clientfeatures.ReplaceFeatureGates(featureGates) }
 
 type counters struct {
 	Lists, ListsRV0, ListsRVLast, ListsRVEmpty, ListsLimited int64
-	WatchLists, Relists                                      int64 // WatchList requests; lists or watch-lists after the first
+	WatchLists, Relists                                      int64 // WatchList requests; successful lists or watch-lists after the first
+	RelistsAfter410, RelistsOther, ListErrors                int64
 	Watches, WatchRefused, Watch410, WatchErrors             int64
 	Events, InitialEvents, Bookmarks                         int64
 	Disconnects, Reconnects                                  int64
@@ -209,6 +211,9 @@ func (c *counters) add(o *counters) {
 	c.ListsLimited += o.ListsLimited
 	c.WatchLists += o.WatchLists
 	c.Relists += o.Relists
+	c.RelistsAfter410 += o.RelistsAfter410
+	c.RelistsOther += o.RelistsOther
+	c.ListErrors += o.ListErrors
 	c.Watches += o.Watches
 	c.WatchRefused += o.WatchRefused
 	c.Watch410 += o.Watch410
@@ -234,6 +239,8 @@ type sloReflector struct {
 	blockedAt time.Time
 	unblocked time.Time
 	waiting   bool
+	// a 410 not yet followed by a relist
+	pending410 bool
 	// blocked by its own disconnect, by a kube-apiserver restart
 	ownBlocked, restartBlocked bool
 	stopCh                     chan struct{}
@@ -256,12 +263,6 @@ func (s *sloReflector) listerWatcher(cs kubernetes.Interface, ns, selector strin
 			if o.Limit > 0 {
 				s.c.ListsLimited++
 			}
-			if o.Continue == "" {
-				if s.started {
-					s.c.Relists++
-				}
-				s.started = true
-			}
 			key := fmt.Sprintf("rv=%s limit=%d", map[bool]string{true: "N", false: o.ResourceVersion}[o.ResourceVersion != "" && o.ResourceVersion != "0"], o.Limit)
 			if s.c.ListRVs == nil {
 				s.c.ListRVs = map[string]int64{}
@@ -271,6 +272,13 @@ func (s *sloReflector) listerWatcher(cs kubernetes.Interface, ns, selector strin
 			l, err := cs.CoreV1().ConfigMaps(ns).List(context.Background(), o)
 			if err == nil {
 				s.reconnected()
+				if o.Continue == "" {
+					s.relisted()
+				}
+			} else {
+				s.mu.Lock()
+				s.c.ListErrors++
+				s.mu.Unlock()
 			}
 			return l, err
 		},
@@ -283,10 +291,6 @@ func (s *sloReflector) listerWatcher(cs kubernetes.Interface, ns, selector strin
 			s.mu.Lock()
 			if initial {
 				s.c.WatchLists++
-				if s.started {
-					s.c.Relists++
-				}
-				s.started = true
 			} else {
 				s.c.Watches++
 			}
@@ -299,6 +303,9 @@ func (s *sloReflector) listerWatcher(cs kubernetes.Interface, ns, selector strin
 				return nil, err
 			}
 			s.reconnected()
+			if initial {
+				s.relisted()
+			}
 			inInitial := initial
 			return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
 				s.mu.Lock()
@@ -307,6 +314,7 @@ func (s *sloReflector) listerWatcher(cs kubernetes.Interface, ns, selector strin
 				case watch.Error:
 					if st, ok := e.Object.(*metav1.Status); ok && (st.Code == 410 || st.Reason == metav1.StatusReasonExpired || st.Reason == metav1.StatusReasonGone) {
 						s.c.Watch410++
+						s.pending410 = true
 					} else {
 						s.c.WatchErrors++
 					}
@@ -345,6 +353,24 @@ func (s *sloReflector) reconnected() {
 		s.c.ReconnectExtraSum += now.Sub(s.unblocked).Seconds()
 		s.waiting = false
 	}
+}
+
+// relisted counts a successful list (or watch-list) after the first: after a 410, or for
+// another reason (client-go relists after a watch that ended within a second without an
+// event, and after a failed list).
+func (s *sloReflector) relisted() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		s.c.Relists++
+		if s.pending410 {
+			s.c.RelistsAfter410++
+		} else {
+			s.c.RelistsOther++
+		}
+	}
+	s.started = true
+	s.pending410 = false
 }
 
 func (s *sloReflector) disconnect() {
@@ -689,6 +715,14 @@ func mainSLO(args []string) int {
 		files, _ = filepath.Glob("tools/kube/slo/*.json")
 		sort.Strings(files)
 	}
+	if *out != "" {
+		_ = os.MkdirAll(filepath.Dir(*out), 0o755)
+		if f, err := os.Create(strings.TrimSuffix(*out, ".json") + "-client-go.log"); err == nil {
+			klog.LogToStderr(false)
+			klog.SetOutput(f)
+			defer f.Close()
+		}
+	}
 	start := time.Now()
 	simDir := mustMkdirTemp("kube-slo-sim-")
 	defer os.RemoveAll(simDir)
@@ -821,6 +855,7 @@ func mainSLO(args []string) int {
 		}{
 			{"410s", func(s *simSummary) float64 { return s.Watch410 }, func(r *realRun) float64 { return float64(r.C.Watch410) }},
 			{"relists", func(s *simSummary) float64 { return s.Relists }, func(r *realRun) float64 { return float64(r.C.Relists) }},
+			{"  of which after a 410", func(s *simSummary) float64 { return s.Relists }, func(r *realRun) float64 { return float64(r.C.RelistsAfter410) }},
 			{"lists reaching etcd", func(s *simSummary) float64 { return s.EtcdRangeRequests - 1 }, func(r *realRun) float64 {
 				if r.Backend == "etcd" {
 					return r.APIListsToStorage
