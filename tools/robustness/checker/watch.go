@@ -558,6 +558,8 @@ func (c *checker) bookmarks(v *view, evs []got, expected []int, recvSeq []int) {
 	var prevR int64
 	var prevP *record.Response
 	var lastBefore *record.Event // the highest event received before the notification
+	sameLoss := map[int]int{}     // first missing event -> index of its violation
+	sameCount := map[int]int{}
 	ei := 0
 	for _, p := range v.progress {
 		r := p.resp
@@ -619,8 +621,17 @@ func (c *checker) bookmarks(v *view, evs []got, expected []int, recvSeq []int) {
 			if never > 0 {
 				d = append(d, fmt.Sprintf("%d of them never delivered", never))
 			}
-			c.watchViolation(v, Bookmarkable, R, r,
-				fmt.Sprintf("watch record %d: %s at %d while %d matching events <= %d had not been delivered (first %s)", v.rec.ID, kind, R, len(missing), R, c.h.Events[missing[0]].Short()), d...)
+			// One incident per first missing event: later notifications that still claim it
+			// (the same loss, repeated) are counted on the first one.
+			if at, seen := sameLoss[missing[0]]; seen {
+				sameCount[missing[0]]++
+				c.rep.Violations[at].Details[len(c.rep.Violations[at].Details)-1] = fmt.Sprintf("%d later progress notifications of this watch claimed it too", sameCount[missing[0]])
+			} else {
+				sameLoss[missing[0]] = len(c.rep.Violations)
+				d = append(d, "no later progress notification of this watch claimed it")
+				c.watchViolation(v, Bookmarkable, R, r,
+					fmt.Sprintf("watch record %d: %s at %d while %d matching events <= %d had not been delivered (first %s)", v.rec.ID, kind, R, len(missing), R, c.h.Events[missing[0]].Short()), d...)
+			}
 		}
 		if prevP == nil || R >= prevR {
 			prevR, prevP = R, r
