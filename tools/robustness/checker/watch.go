@@ -558,7 +558,7 @@ func (c *checker) bookmarks(v *view, evs []got, expected []int, recvSeq []int) {
 	var prevR int64
 	var prevP *record.Response
 	var lastBefore *record.Event // the highest event received before the notification
-	sameLoss := map[int]int{}     // first missing event -> index of its violation
+	sameLoss := map[int]int{}    // first missing event -> index of its violation
 	sameCount := map[int]int{}
 	ei := 0
 	for _, p := range v.progress {
