@@ -19,7 +19,7 @@ GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && ech
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host validate-slo setup-rust setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -88,10 +88,34 @@ SLO_FILES ?=
 # Flags for bench_host (e.g. BENCH_HOST_ARGS=--quick for a smoke run; --help lists them).
 BENCH_HOST_ARGS ?=
 
-bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs etcd grpc-proxy vs watchcache (figures in BENCHMARKS.md)
+bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs grpc-proxy vs watchcache (1 and 2 replicas), issue 12's ratios (about 6 min; figures in BENCHMARKS.md)
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
 	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
 	  $(ROOT)/target/release/examples/bench_host $(BENCH_HOST_ARGS)
+
+# The 100 000-watcher run (issue 12): bench_host --scale (BENCH_SCALE_ARGS=--quick: 10 000).
+BENCH_SCALE_ARGS ?=
+
+bench-scale: setup-rust setup-etcd ## 100 000 watches (10 per stream) at 10 puts/s: deliveries, p99, RSS per idle watcher, setup time vs etcd's (at most 10 min)
+	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
+	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
+	  $(ROOT)/target/release/examples/bench_host --scale $(BENCH_SCALE_ARGS)
+
+# etcd's own benchmark tool (go.etcd.io/etcd/v3/tools/benchmark; tools/bench/etcd-benchmark says
+# which versions and why), rebuilt only when its module files change.
+BENCH_ETCD_TOOL_ARGS ?=
+
+$(TOOLS)/bin/etcd-benchmark: tools/bench/etcd-benchmark/go.mod tools/bench/etcd-benchmark/go.sum tools/bench/etcd-benchmark/main.go
+	@test -n "$(GO)" || { echo "Go not found (needed for etcd's benchmark tool)" >&2; exit 1; }
+	mkdir -p $(TOOLS)/bin
+	cd tools/bench/etcd-benchmark && $(GO) build -o $@ .
+
+setup-etcd-benchmark: $(TOOLS)/bin/etcd-benchmark ## etcd's benchmark tool in .tools/bin/etcd-benchmark, built from etcd's Go modules
+
+bench-etcd-tool: setup-rust setup-etcd setup-etcd-benchmark ## etcd's benchmark tool (watch, watch-latency, watch-get) against etcd, grpc-proxy and watchcache (about 3 min)
+	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
+	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
+	  $(ROOT)/target/release/examples/bench_host --etcd-tool $(TOOLS)/bin/etcd-benchmark $(BENCH_ETCD_TOOL_ARGS)
 
 validate-slo: setup-rust setup-etcd ## simulate() against the real watchcache + etcd for scenarios/simulate/validate_*.json (about 9 min; docs/slo.md)
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example slo_validate
