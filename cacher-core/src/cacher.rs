@@ -31,6 +31,9 @@ use crate::store::Store;
 use crate::time::Timestamp;
 use crate::watcher::{Flow, Placement, Watcher};
 
+/// `compactorPollPeriod` (`compactor.go`, 1.33+).
+const COMPACTOR_POLL_MS: u64 = 15_000;
+
 /// One change of a storage revision.
 #[derive(Clone, Debug)]
 pub enum Change {
@@ -65,6 +68,10 @@ pub enum TimerReason {
     SlowWatcherBudget,
     /// A request parked until the cache is ready gives up.
     RequestTimeout,
+    /// The pause before a relist after the storage watch broke (`wait.Until`'s period).
+    Relist,
+    /// The compactor reads storage's compaction revision (every 15 s, with snapshots).
+    CompactorPoll,
 }
 
 impl TimerReason {
@@ -77,6 +84,8 @@ impl TimerReason {
             TimerReason::WatchDeadline => "watch_deadline",
             TimerReason::SlowWatcherBudget => "slow_watcher_budget",
             TimerReason::RequestTimeout => "request_timeout",
+            TimerReason::Relist => "relist",
+            TimerReason::CompactorPoll => "compactor_poll",
         }
     }
 }
@@ -314,7 +323,10 @@ pub struct Cacher {
     pub(crate) list_rv: u64,
     /// The dispatcher's `lastProcessedResourceVersion`.
     pub(crate) last_processed_rv: u64,
+    /// Storage's compaction revision as the host last reported it.
     pub(crate) compacted_rv: u64,
+    /// The compaction revision the cacher's compactor has read and acted on.
+    pub(crate) compactor_rv: u64,
     pub(crate) budget: TimeBudget,
     pub(crate) buckets: TimeBuckets,
     pub(crate) rng: Rng,
@@ -333,12 +345,19 @@ pub struct Cacher {
     pub(crate) progress_waiters: usize,
     pub(crate) timers: BTreeSet<(Timestamp, TimerReason, u64)>,
     pub(crate) tick_at: Timestamp,
+    /// The progress requester's armed timer.
     pub(crate) progress_at: Option<Timestamp>,
+    /// The requester's loop is awake (it had a waiter when it last looked).
+    pub(crate) progress_active: bool,
+    /// 1.30: when its ticker was last read; 1.33+: when its timer fires (fired, if past).
+    pub(crate) progress_mark: Timestamp,
     pub(crate) next_id: u64,
     pub(crate) next_batch: u64,
     pub(crate) scratch_slots: Vec<Slot>,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) metrics: Metrics,
+    /// A relist due after the storage watch broke: when, and why.
+    pub(crate) relist_due: Option<(Timestamp, String)>,
 }
 
 impl Cacher {
@@ -354,6 +373,8 @@ impl Cacher {
             event_fresh_ms: cfg.event_fresh_ms,
         });
         let store = Store::new(cfg.index_field.clone(), cfg.list_from_cache_snapshot);
+        let (cfg_v134, progress_period) =
+            (cfg.profile.is_v1_34(), cfg.progress_request_interval_ms);
         let mut c = Cacher {
             budget: TimeBudget::new(now, cfg.budget_refill_ms_per_s, cfg.budget_max_ms),
             buckets: TimeBuckets::new(now),
@@ -368,6 +389,7 @@ impl Cacher {
             list_rv: 0,
             last_processed_rv: 0,
             compacted_rv: 0,
+            compactor_rv: 0,
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: HashMap::default(),
@@ -381,13 +403,19 @@ impl Cacher {
             timers: BTreeSet::new(),
             tick_at: now,
             progress_at: None,
+            progress_active: false,
+            progress_mark: if cfg_v134 { now.add_ms(progress_period) } else { now },
             next_id: 1,
             next_batch: 1,
             scratch_slots: Vec::new(),
             outputs: VecDeque::new(),
             metrics: Metrics::default(),
+            relist_due: None,
         };
         c.arm_tick(now);
+        if c.store.snapshots_enabled() {
+            c.set_timer(now.add_ms(COMPACTOR_POLL_MS), TimerReason::CompactorPoll, 0);
+        }
         Ok(c)
     }
 
@@ -430,6 +458,10 @@ impl Cacher {
                 Arc::new(o)
             })
             .collect();
+        // The host may relist without waiting for [`Output::Relist`]: nothing more to ask.
+        if let Some((at, _)) = self.relist_due.take() {
+            self.clear_timer(at, TimerReason::Relist, 0);
+        }
         self.terminate_all(CloseCause::Reinitializing, None);
         self.ring.reset();
         self.store.replace(objs, rv);
@@ -549,16 +581,39 @@ impl Cacher {
         Ok(())
     }
 
-    /// The upstream watch broke: the gate closes, every watch ends, and the host is asked to
-    /// relist ([`Output::Relist`]).
+    /// The upstream watch broke: the gate closes at once; after `relist_delay_ms` (1 s:
+    /// `startCaching` runs under `wait.Until(…, 1s)`, which waits its period after
+    /// `ListAndWatch` returned) every watch ends (`terminateAllWatchers`) and the host is asked
+    /// to relist ([`Output::Relist`]). Until then the open watches stay, and get their periodic
+    /// bookmarks. A second error before the relist changes nothing.
     pub fn handle_storage_error(&mut self, now: Timestamp, reason: &str) {
+        self.advance(now);
+        if self.ready.state() == ReadyState::Stopped || self.relist_due.is_some() {
+            return;
+        }
+        self.ready.set_pending(now, Some(String::from(reason)));
+        if self.cfg.relist_delay_ms == 0 {
+            self.relist(String::from(reason));
+            return;
+        }
+        let at = now.add_ms(self.cfg.relist_delay_ms);
+        self.relist_due = Some((at, String::from(reason)));
+        self.set_timer(at, TimerReason::Relist, 0);
+    }
+
+    /// The cache is reinitialised at once, without [`Cacher::handle_storage_error`]'s pause (an
+    /// API server restart drops every watch at once): the gate closes, every watch ends, and
+    /// the host is asked to relist.
+    pub fn reinitialize(&mut self, now: Timestamp, reason: &str) {
         self.advance(now);
         if self.ready.state() == ReadyState::Stopped {
             return;
         }
+        if let Some((at, _)) = self.relist_due.take() {
+            self.clear_timer(at, TimerReason::Relist, 0);
+        }
         self.ready.set_pending(now, Some(String::from(reason)));
-        self.terminate_all(CloseCause::Reinitializing, None);
-        self.outputs.push_back(Output::Relist { reason: String::from(reason) });
+        self.relist(String::from(reason));
     }
 
     /// Storage's current revision, asked for by [`Output::NeedCurrentRevision`].
@@ -571,11 +626,13 @@ impl Cacher {
         self.continue_with_current_rv(request, rv);
     }
 
-    /// Storage compacted its history at `rv`: snapshots below it are dropped.
+    /// Storage compacted its history at `rv` (what `storage.CompactRevision()` now says). An
+    /// etcd [`Cacher::range`] below it goes to storage at once; the snapshots that serve
+    /// Exact and continue lists are pruned by the cacher's compactor (`compactor.go`), which
+    /// reads the revision every 15 s, so until its next read they still serve.
     pub fn handle_compaction(&mut self, now: Timestamp, rv: u64) {
         self.advance(now);
         self.compacted_rv = self.compacted_rv.max(rv);
-        self.store.prune_snapshots_below(rv);
     }
 
     /// Stops the cacher for good (`Cacher.Stop`): watches end, parked requests fail.
@@ -593,6 +650,8 @@ impl Cacher {
         }
         self.timers.clear();
         self.progress_at = None;
+        self.progress_active = false;
+        self.relist_due = None;
     }
 
     // ----- polls ----------------------------------------------------------------------------
@@ -623,6 +682,12 @@ impl Cacher {
                 TimerReason::WatchDeadline => self.on_watch_deadline(RequestId(id)),
                 TimerReason::SlowWatcherBudget => self.on_batch_deadline(id),
                 TimerReason::RequestTimeout => self.on_request_timeout(RequestId(id)),
+                TimerReason::CompactorPoll => self.on_compactor_poll(now),
+                TimerReason::Relist => {
+                    if let Some((_, reason)) = self.relist_due.take() {
+                        self.relist(reason);
+                    }
+                }
             }
         }
     }
@@ -908,7 +973,24 @@ impl Cacher {
         self.arm_tick(now);
     }
 
-    /// Ends every open watch (`terminateAllWatchers`).
+    /// `compactor.compactIfNeeded`: a newer compaction revision prunes the snapshots below it.
+    fn on_compactor_poll(&mut self, now: Timestamp) {
+        if self.ready.state() == ReadyState::Stopped {
+            return;
+        }
+        if self.compacted_rv > self.compactor_rv {
+            self.compactor_rv = self.compacted_rv;
+            self.store.prune_snapshots_below(self.compacted_rv);
+        }
+        self.set_timer(now.add_ms(COMPACTOR_POLL_MS), TimerReason::CompactorPoll, 0);
+    }
+
+    /// `startCaching` again: every watch ends, then the list.
+    fn relist(&mut self, reason: String) {
+        self.terminate_all(CloseCause::Reinitializing, None);
+        self.outputs.push_back(Output::Relist { reason });
+    }
+
     /// Ends every open watch (`terminateAllWatchers`): without draining, so each client gets
     /// what its result channel already holds, then the end of its stream.
     pub(crate) fn terminate_all(&mut self, cause: CloseCause, message: Option<String>) {

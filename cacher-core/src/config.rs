@@ -1,5 +1,5 @@
 //! Configuration: every Kubernetes constant as a field with its Kubernetes default, and the
-//! behaviour profiles (v1.30, v1.34) as presets of the feature gates.
+//! behaviour profiles (v1.30, v1.34, v1.37) as presets of the feature gates.
 //!
 //! Kubernetes counterparts: the constants of `watch_cache.go`, `cacher.go`, `time_budget.go`,
 //! `watch_progress.go`, `watch_cache_interval.go`, and the feature gates of
@@ -15,36 +15,54 @@ pub enum Profile {
     /// Kubernetes v1.30.3 (the reference version).
     #[default]
     V1_30,
-    /// Kubernetes v1.34: resilient initialisation (429 + Retry-After), consistent lists from
-    /// the cache, limit/continue from the cache, Exact reads from snapshots, the
-    /// initial-events-end bookmark right after the initial events.
+    /// Kubernetes v1.34 (k8s.io/apiserver v0.34): resilient initialisation (429 +
+    /// Retry-After), consistent lists from the cache, limit/continue from the cache, Exact reads
+    /// from snapshots, the initial-events-end bookmark right after the initial events.
     V1_34,
+    /// Kubernetes v1.37 (k8s.io/apiserver v0.37): as v1.34, with keys checked against the
+    /// resource prefix (`storage.PrepareKey`), the gates that went GA gone
+    /// (`ConsistentListFromCache`, `ResilientWatchCacheInitialization` always on,
+    /// `WatchFromStorageWithoutResourceVersion` gone: watches are never handed to storage),
+    /// the new `ConsistentListFromCacheSkipTimeoutFallback` option, and events dated when
+    /// storage decoded them.
+    V1_37,
 }
 
 impl Profile {
-    /// `"v1.30"` or `"v1.34"`.
+    /// Every profile, oldest first.
+    pub const ALL: [Profile; 3] = [Profile::V1_30, Profile::V1_34, Profile::V1_37];
+
+    /// `"v1.30"`, `"v1.34"` or `"v1.37"`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Profile::V1_30 => "v1.30",
             Profile::V1_34 => "v1.34",
+            Profile::V1_37 => "v1.37",
         }
     }
 
-    /// Parses `"v1.30"`/`"1.30"` or `"v1.34"`/`"1.34"`.
+    /// Parses `"v1.30"`/`"1.30"`, `"v1.34"`/`"1.34"` or `"v1.37"`/`"1.37"`.
     pub fn parse(s: &str) -> Result<Profile, ConfigError> {
         match s.trim_start_matches('v') {
             "1.30" => Ok(Profile::V1_30),
             "1.34" => Ok(Profile::V1_34),
+            "1.37" => Ok(Profile::V1_37),
             _ => Err(ConfigError::new(
                 "profile",
-                format!("unknown profile {s:?}; expected \"v1.30\" or \"v1.34\""),
+                format!("unknown profile {s:?}; expected \"v1.30\", \"v1.34\" or \"v1.37\""),
             )),
         }
     }
 
-    /// True for behaviour introduced after 1.30 (1.31–1.34 changes that are not gated).
+    /// True for behaviour introduced after 1.30 (the 1.31–1.34 changes that are not gated),
+    /// which every later profile keeps.
     pub(crate) const fn is_v1_34(self) -> bool {
-        matches!(self, Profile::V1_34)
+        matches!(self, Profile::V1_34 | Profile::V1_37)
+    }
+
+    /// True for behaviour introduced after 1.34.
+    pub(crate) const fn is_v1_37(self) -> bool {
+        matches!(self, Profile::V1_37)
     }
 }
 
@@ -101,6 +119,18 @@ pub struct Config {
     pub watch_from_storage_without_rv: bool,
     /// Whether storage supports `RequestWatchProgress` (etcd ≥ 3.4.31 / 3.5.13).
     pub storage_supports_progress: bool,
+    /// Gate `ConsistentListFromCacheSkipTimeoutFallback` (v1.37, alpha, off): a consistent
+    /// read that times out waiting for the cache is answered 429 "Timeout: Too large resource
+    /// version" with Retry-After 1 instead of being sent to storage.
+    pub consistent_list_skip_timeout_fallback: bool,
+    /// How long the cacher waits after its storage watch broke before it ends every watch and
+    /// relists (`wait.Until(startCaching, 1s)` in `cacher.go`: 1 s in every profile). Until
+    /// then the gate is closed and the old watches stay open.
+    pub relist_delay_ms: u64,
+    /// The cacher's resource prefix (`Config.ResourcePrefix`, e.g. `/pods`): v1.37 refuses keys
+    /// outside it (`storage.PrepareKey`), and a 404 names the resource after its last segment.
+    /// `None`: no prefix check; a 404 names the key's first segment.
+    pub resource_prefix: Option<Box<str>>,
 }
 
 impl Default for Config {
@@ -138,6 +168,9 @@ impl Config {
             list_from_cache_snapshot: later,
             watch_from_storage_without_rv: false,
             storage_supports_progress: true,
+            consistent_list_skip_timeout_fallback: false,
+            relist_delay_ms: 1000,
+            resource_prefix: None,
         }
     }
 
@@ -182,6 +215,9 @@ impl Config {
         if self.bookmark_frequency_ms == 0 {
             return Err(ConfigError::new("bookmark_frequency_ms", "must be at least 1"));
         }
+        if self.relist_delay_ms > 3_600_000 {
+            return Err(ConfigError::new("relist_delay_ms", "must be at most 3600000 (1 h)"));
+        }
         if self.interval_buffer_size == 0 {
             return Err(ConfigError::new("interval_buffer_size", "must be at least 1"));
         }
@@ -191,6 +227,33 @@ impl Config {
         if let Some(f) = &self.index_field {
             if f.is_empty() {
                 return Err(ConfigError::new("index_field", "must not be empty (or null)"));
+            }
+        }
+        if let Some(p) = &self.resource_prefix {
+            // NewCacherFromConfig's checks.
+            if !p.starts_with('/') || &**p == "/" {
+                return Err(ConfigError::new(
+                    "resource_prefix",
+                    "must start with '/' and not be \"/\" (or be null)",
+                ));
+            }
+        }
+        if self.profile.is_v1_37() {
+            // The gates that went GA are gone in v1.37: their behaviour is fixed.
+            for (field, on, gate) in [
+                ("consistent_list_from_cache", self.consistent_list_from_cache, true),
+                ("resilient_initialization", self.resilient_initialization, true),
+                ("watch_from_storage_without_rv", self.watch_from_storage_without_rv, false),
+            ] {
+                if on != gate {
+                    return Err(ConfigError::new(
+                        field,
+                        format!(
+                            "v1.37 has no such switch: the feature gate is gone and its behaviour is always {}",
+                            if gate { "on" } else { "off" }
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -265,6 +328,26 @@ mod tests {
         assert!(b.list_from_cache_snapshot);
         assert_eq!(Profile::parse("v1.34").unwrap(), Profile::V1_34);
         assert_eq!(Profile::parse("1.31").unwrap_err().field, "profile");
+        let c = Config::for_profile(Profile::V1_37);
+        assert!(c.watch_list && c.consistent_list_from_cache && c.resilient_initialization);
+        assert!(!c.watch_from_storage_without_rv && !c.consistent_list_skip_timeout_fallback);
+        assert_eq!(Profile::parse("v1.37").unwrap(), Profile::V1_37);
+        for p in Profile::ALL {
+            let c = Config::for_profile(p);
+            assert_eq!(c.relist_delay_ms, 1000, "{p:?}");
+            assert_eq!(Profile::parse(p.as_str()).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn v1_37_has_no_switch_for_the_gates_that_went_ga() {
+        let c = Config { resilient_initialization: false, ..Config::for_profile(Profile::V1_37) };
+        assert_eq!(c.validate().unwrap_err().field, "resilient_initialization");
+        let c =
+            Config { watch_from_storage_without_rv: true, ..Config::for_profile(Profile::V1_37) };
+        assert_eq!(c.validate().unwrap_err().field, "watch_from_storage_without_rv");
+        let c = Config { resource_prefix: Some("pods".into()), ..Config::default() };
+        assert_eq!(c.validate().unwrap_err().field, "resource_prefix");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::output::{CachedRead, Output, RangeOutcome, RangeRead, ReadOutcome, Re
 use crate::ready::ReadyState;
 use crate::request::{GetRequest, ListRequest, RangeRequest, RvMatch};
 use crate::rv::RvParam;
-use crate::status::{Reason, Status};
+use crate::status::Status;
 use crate::store::{list_tree, Query};
 use crate::time::Timestamp;
 
@@ -34,7 +34,9 @@ pub(crate) struct ListPlan {
     pub limit: usize,
     /// Continue from this key.
     pub start_key: Option<Vec<u8>>,
-    /// The prefix continue tokens are relative to.
+    /// The key continue tokens are made relative to: the list's key as the request gave it
+    /// (`PrepareContinueToken(lastKey, key, ...)`, so `/pods/ns` gives `/b\0`, `/pods/ns/`
+    /// gives `b\0`); tokens are read back under the key with its `/`.
     pub token_prefix: Vec<u8>,
     pub reason: &'static str,
     /// An etcd `Range` (answered as [`Output::Range`], falling back to storage on timeout).
@@ -250,7 +252,7 @@ impl Cacher {
             KeyRange::Prefix(p) if !p.as_bytes().is_empty() && !p.as_bytes().ends_with(b"/") => {
                 let mut with_slash = p.as_bytes().to_vec();
                 with_slash.push(b'/');
-                (KeyRange::Prefix(Key::new(&with_slash)), with_slash)
+                (KeyRange::Prefix(Key::new(&with_slash)), p.as_bytes().to_vec())
             }
             KeyRange::Prefix(p) => (req.range.clone(), p.as_bytes().to_vec()),
             other => (other.clone(), Vec::new()),
@@ -317,7 +319,7 @@ impl Cacher {
                             "continue tokens for a single key or without snapshots are served by storage",
                         ));
                     }
-                    let t = continue_token::decode(tok, &token_prefix).map_err(|e| {
+                    let t = continue_token::decode(tok, range.start()).map_err(|e| {
                         Status::bad_request(alloc::format!("invalid continue token: {}", e.message))
                     })?;
                     if t.rv > 0 {
@@ -556,12 +558,22 @@ impl Cacher {
                 });
             }
             None => {
-                let status = Status::new(
-                    Reason::NotFound,
-                    alloc::format!("{} not found", crate::key::display_key(req.key.as_bytes())),
-                );
+                let status = self.not_found(req.key.as_bytes());
                 self.outputs.push_back(Output::Rejected { request: id, status });
             }
+        }
+    }
+
+    /// The registry's 404 for a key (`InterpretGetError`: `pods "zzz" not found`), the
+    /// resource named after the resource prefix when there is one.
+    fn not_found(&self, key: &[u8]) -> Status {
+        match self.cfg.resource_prefix.as_deref() {
+            Some(prefix) => {
+                let resource = prefix.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+                let key = crate::key::display_key(key);
+                Status::not_found_in(resource, key.rsplit('/').next().unwrap_or(""))
+            }
+            None => Status::not_found(key),
         }
     }
 

@@ -200,7 +200,12 @@ impl Replayer {
             Op::Compact { rv } => d.handle_compaction(*rv),
             Op::Watch { id, spec } => {
                 self.claim(i, id)?;
-                let started = spec.to_request().and_then(|req| self.driver.start_watch(req));
+                // A scenario's watch is a request at the API server: its request layer first.
+                let watch_list = self.driver.cacher().config().watch_list;
+                let started = spec
+                    .to_request()
+                    .and_then(|req| req.through_request_layer(watch_list))
+                    .and_then(|req| self.driver.start_watch(req));
                 self.bind(id, started);
             }
             Op::Consume { id, max } => {

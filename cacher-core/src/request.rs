@@ -72,6 +72,34 @@ impl WatchRequest {
     }
 }
 
+impl WatchRequest {
+    /// What the API server's request layer does to a watch before the cacher sees it
+    /// (`endpoints/handlers/get.go` `ListResource`, which the cacher never does itself):
+    /// `SetListOptionsDefaults` — with the `WatchList` gate on, a watch from resourceVersion
+    /// `""` or `"0"` without `sendInitialEvents` becomes one with `sendInitialEvents=true`
+    /// (apimachinery `internalversion/defaults.go`) — then `ValidateListOptions` for watches:
+    /// `sendInitialEvents` without the gate is a 422. (Clients send `sendInitialEvents` with
+    /// `resourceVersionMatch=NotOlderThan`, which the validation requires; the request types
+    /// have no match for watches, so that is taken as given.)
+    ///
+    /// The scenario replayer applies it to every `watch` step, since scenario steps are client
+    /// requests at the API server; [`crate::Cacher::start_watch`] is the cacher alone.
+    pub fn through_request_layer(mut self, watch_list: bool) -> Result<WatchRequest, Status> {
+        if watch_list
+            && self.send_initial_events.is_none()
+            && matches!(self.rv, RvParam::Unset | RvParam::Zero)
+        {
+            self.send_initial_events = Some(true);
+        }
+        if self.send_initial_events.is_some() && !watch_list {
+            return Err(Status::invalid_list_options(&[
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ]));
+        }
+        Ok(self)
+    }
+}
+
 /// `resourceVersionMatch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RvMatch {
@@ -82,15 +110,17 @@ pub enum RvMatch {
 }
 
 impl RvMatch {
-    /// Parses `NotOlderThan` or `Exact` (`""` is `None`).
+    /// Parses `NotOlderThan` or `Exact` (`""` is `None`); anything else is the 422 that
+    /// `ValidateListOptions` gives it.
     pub fn parse(s: &str) -> Result<Option<RvMatch>, Status> {
         match s {
             "" => Ok(None),
             "NotOlderThan" => Ok(Some(RvMatch::NotOlderThan)),
             "Exact" => Ok(Some(RvMatch::Exact)),
-            other => Err(Status::bad_request(alloc::format!(
-                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""
-            ))),
+            other => Err(Status::invalid_list_options(&[alloc::format!(
+                "resourceVersionMatch: Unsupported value: {}: supported values: \"Exact\", \"NotOlderThan\", \"\"",
+                crate::status::go_quote(other)
+            )])),
         }
     }
 }
@@ -125,33 +155,39 @@ impl ListRequest {
         }
     }
 
-    /// The option checks apiserver makes before storage sees a list.
+    /// The option checks made before the cache sees a list: the API server's
+    /// `ValidateListOptions` (`endpoints/handlers/get.go`: 422 Invalid, every error at once),
+    /// then storage's (`storage.ValidateListOptions`, which the 1.34 `CacheDelegator` and etcd's
+    /// store apply first: a recursive list's continue token must decode, and must not come with
+    /// a resourceVersion; 400).
     pub(crate) fn validate(&self) -> Result<(), Status> {
+        let mut errs: alloc::vec::Vec<&str> = alloc::vec::Vec::new();
         if let Some(m) = self.rv_match {
             if self.rv.is_unset() {
-                return Err(Status::bad_request(
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-                ));
+                errs.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided");
             }
             if self.continue_token.is_some() {
-                return Err(Status::bad_request(
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided",
-                ));
+                errs.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided");
             }
             if m == RvMatch::Exact && self.rv == RvParam::Zero {
-                return Err(Status::bad_request(
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
-                ));
+                errs.push("resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"");
             }
         }
-        // etcd3's store: a continue token carries its own RV; "0" is tolerated.
-        if self.continue_token.is_some() && matches!(self.rv, RvParam::At(_)) {
-            return Err(Status::bad_request(
-                "specifying resource version is not allowed when using continue",
-            ));
+        if !errs.is_empty() {
+            return Err(Status::invalid_list_options(&errs));
         }
-        if self.continue_token.as_deref() == Some("") {
-            return Err(Status::bad_request("continue key is not valid: empty"));
+        if let (Some(tok), false) = (&self.continue_token, self.range.is_single_key()) {
+            if tok.is_empty() {
+                return Err(Status::bad_request("continue key is not valid: empty"));
+            }
+            crate::continue_token::decode(tok, b"").map_err(|e| {
+                Status::bad_request(alloc::format!("invalid continue token: {}", e.message))
+            })?;
+            if matches!(self.rv, RvParam::At(_)) {
+                return Err(Status::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
         }
         Ok(())
     }

@@ -5,12 +5,13 @@
 //! `RequiresExactMatch`), as the cacher uses them through `SelectionPredicate`.
 
 use alloc::boxed::Box;
+use alloc::collections::BTreeSet;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::object::Object;
-use crate::status::Status;
+use crate::status::{go_quote, Status};
 
 /// The operator of one label requirement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,33 +91,14 @@ impl LabelSelector {
     /// Parses the Kubernetes label selector syntax: requirements separated by `,`, each one of
     /// `key`, `!key`, `key=v`, `key==v`, `key!=v`, `key in (v1,v2)`, `key notin (v1,v2)`,
     /// `key>N`, `key<N`. Keys are qualified names and values label values, validated as
-    /// Kubernetes validates them.
+    /// Kubernetes validates them. This is apimachinery's parser step for step (`labels.Parse`:
+    /// its lexer, its recursive descent, `NewRequirement`), so that what it accepts (`app in ()`
+    /// is the set `{""}`), the order of its checks and its messages are Kubernetes' own.
     pub fn parse(s: &str) -> Result<LabelSelector, Status> {
-        let tokens = lex(s).map_err(label_err)?;
-        let mut p = LabelParser { tokens, pos: 0 };
-        let mut reqs = Vec::new();
-        if p.peek() == &Tok::Eos {
-            return Ok(LabelSelector::default());
-        }
-        loop {
-            reqs.push(p.requirement().map_err(label_err)?);
-            match p.next() {
-                Tok::Eos => break,
-                Tok::Comma => {
-                    if p.peek() == &Tok::Eos {
-                        return Err(label_err(String::from(
-                            "found '', expected: identifier after ','",
-                        )));
-                    }
-                }
-                t => {
-                    return Err(label_err(format!(
-                        "found '{}', expected: ',' or 'end of string'",
-                        t.text()
-                    )))
-                }
-            }
-        }
+        let mut p = LabelParser { items: lex(s), pos: 0 };
+        let mut reqs = p.parse().map_err(Status::bad_request)?;
+        // `sort.Sort(ByKey(items))`: insertion sort (stable) for the sizes selectors have.
+        reqs.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(LabelSelector { requirements: reqs.into_boxed_slice() })
     }
 
@@ -125,7 +107,7 @@ impl LabelSelector {
         self.requirements.is_empty()
     }
 
-    /// The requirements, in the order written.
+    /// The requirements, sorted by key (as Kubernetes sorts them).
     pub fn requirements(&self) -> &[LabelRequirement] {
         &self.requirements
     }
@@ -136,274 +118,460 @@ impl LabelSelector {
     }
 
     /// The value a selected object must have for `key`, if the selector pins it
-    /// (`key=v`, `key==v` or `key in (v)`), as `RequiresExactMatch`.
+    /// (`key=v`, `key==v` or `key in (v)`), as `RequiresExactMatch`: decided by the first
+    /// requirement on `key`.
     pub fn requires_exact_match(&self, key: &str) -> Option<&str> {
-        self.requirements.iter().find_map(|r| match r.op {
-            LabelOp::Equals | LabelOp::In if &*r.key == key && r.values.len() == 1 => {
-                Some(&*r.values[0])
-            }
+        let r = self.requirements.iter().find(|r| &*r.key == key)?;
+        match r.op {
+            LabelOp::Equals | LabelOp::In if r.values.len() == 1 => Some(&*r.values[0]),
             _ => None,
-        })
+        }
     }
 }
 
-fn label_err(msg: String) -> Status {
-    Status::bad_request(format!("unable to parse requirement: {msg}"))
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The lexer's tokens (`labels.Token`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tok {
-    Ident(String),
-    Bang,
-    NotEq,
-    Eq,
-    DoubleEq,
-    Gt,
-    Lt,
-    Open,
-    Close,
-    Comma,
+    Error,
     Eos,
+    ClosePar,
+    Comma,
+    DoesNotExist,
+    DoubleEq,
+    Eq,
+    Gt,
+    Ident,
+    In,
+    Lt,
+    NotEq,
+    NotIn,
+    OpenPar,
 }
 
-impl Tok {
-    fn text(&self) -> &str {
-        match self {
-            Tok::Ident(s) => s,
-            Tok::Bang => "!",
-            Tok::NotEq => "!=",
-            Tok::Eq => "=",
-            Tok::DoubleEq => "==",
-            Tok::Gt => ">",
-            Tok::Lt => "<",
-            Tok::Open => "(",
-            Tok::Close => ")",
-            Tok::Comma => ",",
-            Tok::Eos => "",
-        }
-    }
+/// `string2token`.
+fn token_of(s: &[u8]) -> Option<Tok> {
+    Some(match s {
+        b")" => Tok::ClosePar,
+        b"," => Tok::Comma,
+        b"!" => Tok::DoesNotExist,
+        b"==" => Tok::DoubleEq,
+        b"=" => Tok::Eq,
+        b">" => Tok::Gt,
+        b"in" => Tok::In,
+        b"<" => Tok::Lt,
+        b"!=" => Tok::NotEq,
+        b"notin" => Tok::NotIn,
+        b"(" => Tok::OpenPar,
+        _ => return None,
+    })
 }
 
-fn is_special(c: char) -> bool {
-    matches!(c, '=' | '!' | '(' | ')' | ',' | '>' | '<')
+fn is_special(c: u8) -> bool {
+    matches!(c, b'=' | b'!' | b'(' | b')' | b',' | b'>' | b'<')
 }
 
-fn lex(s: &str) -> Result<Vec<Tok>, String> {
+fn is_label_whitespace(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\r' | b'\n')
+}
+
+/// The lexer (`Lexer.Lex` until the end): bytes, a NUL ends the input as the end does, runs of
+/// special symbols are matched greedily against the operators.
+fn lex(s: &str) -> Vec<(Tok, String)> {
+    let b = s.as_bytes();
+    let at = |i: usize| b.get(i).copied().unwrap_or(0);
+    let mut pos = 0;
     let mut out = Vec::new();
-    let mut it = s.char_indices().peekable();
-    while let Some(&(i, c)) = it.peek() {
-        if c.is_whitespace() {
-            it.next();
-            continue;
+    loop {
+        while is_label_whitespace(at(pos)) {
+            pos += 1;
         }
-        if is_special(c) {
-            it.next();
-            let next_is_eq = it.peek().is_some_and(|&(_, n)| n == '=');
-            let tok = match c {
-                '!' if next_is_eq => {
-                    it.next();
-                    Tok::NotEq
-                }
-                '=' if next_is_eq => {
-                    it.next();
-                    Tok::DoubleEq
-                }
-                '!' => Tok::Bang,
-                '=' => Tok::Eq,
-                '>' => Tok::Gt,
-                '<' => Tok::Lt,
-                '(' => Tok::Open,
-                ')' => Tok::Close,
-                _ => Tok::Comma,
-            };
-            out.push(tok);
-            continue;
+        let ch = at(pos);
+        if ch == 0 {
+            out.push((Tok::Eos, String::new()));
+            return out;
         }
-        let start = i;
-        let mut end = s.len();
-        while let Some(&(j, c)) = it.peek() {
-            if c.is_whitespace() || is_special(c) {
-                end = j;
-                break;
+        let start = pos;
+        if is_special(ch) {
+            let mut last: Option<(Tok, usize)> = None;
+            while is_special(at(pos)) {
+                pos += 1;
+                match token_of(&b[start..pos]) {
+                    Some(t) => last = Some((t, pos)),
+                    None if last.is_some() => {
+                        pos -= 1;
+                        break;
+                    }
+                    None => {}
+                }
             }
-            it.next();
+            match last {
+                Some((t, end)) => {
+                    pos = end;
+                    out.push((t, String::from(&s[start..end])));
+                }
+                None => out.push((
+                    Tok::Error,
+                    format!("error expected: keyword found '{}'", &s[start..pos]),
+                )),
+            }
+            continue;
         }
-        out.push(Tok::Ident(String::from(&s[start..end])));
+        while at(pos) != 0 && !is_special(at(pos)) && !is_label_whitespace(at(pos)) {
+            pos += 1;
+        }
+        let lit = &s[start..pos];
+        out.push((token_of(lit.as_bytes()).unwrap_or(Tok::Ident), String::from(lit)));
     }
-    out.push(Tok::Eos);
-    Ok(out)
+}
+
+/// Where the parser is: `in`/`notin` are operators after a key, identifiers where values go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    KeyAndOperator,
+    Values,
 }
 
 struct LabelParser {
-    tokens: Vec<Tok>,
+    items: Vec<(Tok, String)>,
     pos: usize,
 }
 
 impl LabelParser {
-    fn peek(&self) -> &Tok {
-        self.tokens.get(self.pos).unwrap_or(&Tok::Eos)
+    fn lookahead(&self, ctx: Ctx) -> (Tok, String) {
+        let (t, l) = self.items.get(self.pos).cloned().unwrap_or((Tok::Eos, String::new()));
+        (Self::in_context(t, ctx), l)
     }
 
-    fn next(&mut self) -> Tok {
-        let t = self.peek().clone();
-        if self.pos < self.tokens.len() {
-            self.pos += 1;
+    fn consume(&mut self, ctx: Ctx) -> (Tok, String) {
+        let item = self.lookahead(ctx);
+        self.pos += 1;
+        item
+    }
+
+    fn in_context(t: Tok, ctx: Ctx) -> Tok {
+        match t {
+            Tok::In | Tok::NotIn if ctx == Ctx::Values => Tok::Ident,
+            t => t,
         }
-        t
     }
 
+    /// `Parser.parse`.
+    fn parse(&mut self) -> Result<Vec<LabelRequirement>, String> {
+        let mut reqs = Vec::new();
+        loop {
+            let (tok, lit) = self.lookahead(Ctx::Values);
+            match tok {
+                Tok::Ident | Tok::DoesNotExist => {
+                    let r = self
+                        .requirement()
+                        .map_err(|e| format!("unable to parse requirement: {e}"))?;
+                    reqs.push(r);
+                    let (t, l) = self.consume(Ctx::Values);
+                    match t {
+                        Tok::Eos => return Ok(reqs),
+                        Tok::Comma => {
+                            let (t2, l2) = self.lookahead(Ctx::Values);
+                            if t2 != Tok::Ident && t2 != Tok::DoesNotExist {
+                                return Err(format!(
+                                    "found '{l2}', expected: identifier after ','"
+                                ));
+                            }
+                        }
+                        _ => return Err(format!("found '{l}', expected: ',' or 'end of string'")),
+                    }
+                }
+                Tok::Eos => return Ok(reqs),
+                _ => {
+                    return Err(format!(
+                        "found '{lit}', expected: !, identifier, or 'end of string'"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// `parseRequirement`.
     fn requirement(&mut self) -> Result<LabelRequirement, String> {
-        let mut negated = false;
-        let mut tok = self.next();
-        if tok == Tok::Bang {
-            negated = true;
-            tok = self.next();
+        let (key, op) = self.key_and_inferred_operator()?;
+        if let Some(op @ (LabelOp::Exists | LabelOp::DoesNotExist)) = op {
+            return new_requirement(key, op, Vec::new());
         }
-        let Tok::Ident(key) = tok else {
-            return Err(format!("found '{}', expected: identifier", tok.text()));
+        let op = self.operator()?;
+        let values = match op {
+            LabelOp::In | LabelOp::NotIn => self.values()?,
+            _ => self.exact_value()?,
         };
-        validate_label_key(&key)?;
-        if negated {
-            return Ok(LabelRequirement {
-                key: key.into(),
-                op: LabelOp::DoesNotExist,
-                values: Box::new([]),
-            });
+        new_requirement(key, op, values.into_iter().collect())
+    }
+
+    /// `parseKeyAndInferOperator`.
+    fn key_and_inferred_operator(&mut self) -> Result<(String, Option<LabelOp>), String> {
+        let mut op = None;
+        let (mut tok, mut lit) = self.consume(Ctx::Values);
+        if tok == Tok::DoesNotExist {
+            op = Some(LabelOp::DoesNotExist);
+            (tok, lit) = self.consume(Ctx::Values);
         }
-        if matches!(self.peek(), Tok::Eos | Tok::Comma) {
-            return Ok(LabelRequirement {
-                key: key.into(),
-                op: LabelOp::Exists,
-                values: Box::new([]),
-            });
+        if tok != Tok::Ident {
+            return Err(format!("found '{lit}', expected: identifier"));
         }
-        let op = match self.next() {
+        // `validateLabelKey(literal, p.path)` with no path.
+        let errs = qualified_name_errors(&lit);
+        if !errs.is_empty() {
+            return Err(field_invalid("<nil>", &lit, &errs.join("; ")));
+        }
+        if matches!(self.lookahead(Ctx::Values).0, Tok::Eos | Tok::Comma)
+            && op != Some(LabelOp::DoesNotExist)
+        {
+            op = Some(LabelOp::Exists);
+        }
+        Ok((lit, op))
+    }
+
+    /// `parseOperator`.
+    fn operator(&mut self) -> Result<LabelOp, String> {
+        let (tok, lit) = self.consume(Ctx::KeyAndOperator);
+        Ok(match tok {
+            Tok::In => LabelOp::In,
             Tok::Eq | Tok::DoubleEq => LabelOp::Equals,
-            Tok::NotEq => LabelOp::NotEquals,
             Tok::Gt => LabelOp::GreaterThan,
             Tok::Lt => LabelOp::LessThan,
-            Tok::Ident(w) if w == "in" => LabelOp::In,
-            Tok::Ident(w) if w == "notin" => LabelOp::NotIn,
-            t => {
-                return Err(format!("found '{}', expected: in, notin, =, ==, !=, gt, lt", t.text()))
-            }
-        };
-        let values: Vec<Box<str>> = match op {
-            LabelOp::In | LabelOp::NotIn => self.value_set()?,
-            _ => {
-                let v = match self.peek() {
-                    Tok::Eos | Tok::Comma => String::new(),
-                    Tok::Ident(_) => match self.next() {
-                        Tok::Ident(v) => v,
-                        _ => String::new(),
-                    },
-                    t => return Err(format!("found '{}', expected: identifier", t.text())),
-                };
-                validate_label_value(&v)?;
-                if matches!(op, LabelOp::GreaterThan | LabelOp::LessThan)
-                    && v.parse::<i64>().is_err()
-                {
-                    return Err(format!(
-                        "for 'Gt', 'Lt' operators, the value must be an integer, got {v:?}"
-                    ));
-                }
-                alloc::vec![v.into()]
-            }
-        };
-        Ok(LabelRequirement { key: key.into(), op, values: values.into_boxed_slice() })
+            Tok::NotIn => LabelOp::NotIn,
+            Tok::NotEq => LabelOp::NotEquals,
+            _ => return Err(format!("found '{lit}', expected: in, notin, =, ==, !=, gt, lt")),
+        })
     }
 
-    fn value_set(&mut self) -> Result<Vec<Box<str>>, String> {
-        let t = self.next();
-        if t != Tok::Open {
-            return Err(format!("found '{}', expected: '('", t.text()));
+    /// `parseValues`: `(a,b)` as a set; `()` is the set `{""}`.
+    fn values(&mut self) -> Result<BTreeSet<String>, String> {
+        let (tok, lit) = self.consume(Ctx::Values);
+        if tok != Tok::OpenPar {
+            return Err(format!("found '{lit}' expected: '('"));
         }
-        let mut values = Vec::new();
-        let mut expect_value = true;
+        let (tok, lit) = self.lookahead(Ctx::Values);
+        match tok {
+            Tok::Ident | Tok::Comma => {
+                let set = self.identifiers()?;
+                if self.consume(Ctx::Values).0 != Tok::ClosePar {
+                    return Err(format!("found '{lit}', expected: ')'"));
+                }
+                Ok(set)
+            }
+            Tok::ClosePar => {
+                self.consume(Ctx::Values);
+                Ok(BTreeSet::from([String::new()]))
+            }
+            _ => Err(format!("found '{lit}', expected: ',', ')' or identifier")),
+        }
+    }
+
+    /// `parseIdentifiersList`: a possibly empty list of possibly empty identifiers.
+    fn identifiers(&mut self) -> Result<BTreeSet<String>, String> {
+        let mut set = BTreeSet::new();
         loop {
-            match self.next() {
-                Tok::Ident(v) if expect_value => {
-                    validate_label_value(&v)?;
-                    values.push(v.into());
-                    expect_value = false;
+            let (tok, lit) = self.consume(Ctx::Values);
+            match tok {
+                Tok::Ident => {
+                    set.insert(lit);
+                    let (t2, l2) = self.lookahead(Ctx::Values);
+                    match t2 {
+                        Tok::Comma => continue,
+                        Tok::ClosePar => return Ok(set),
+                        _ => return Err(format!("found '{l2}', expected: ',' or ')'")),
+                    }
                 }
                 Tok::Comma => {
-                    if expect_value {
-                        values.push(Box::from(""));
+                    if set.is_empty() {
+                        set.insert(String::new());
                     }
-                    expect_value = true;
-                }
-                Tok::Close => {
-                    if expect_value && !values.is_empty() {
-                        values.push(Box::from(""));
+                    match self.lookahead(Ctx::Values).0 {
+                        Tok::ClosePar => {
+                            set.insert(String::new());
+                            return Ok(set);
+                        }
+                        Tok::Comma => {
+                            self.consume(Ctx::Values);
+                            set.insert(String::new());
+                        }
+                        _ => {}
                     }
-                    break;
                 }
-                t => return Err(format!("found '{}', expected: ',', ')' or identifier", t.text())),
+                _ => return Err(format!("found '{lit}', expected: ',', or identifier")),
             }
         }
-        if values.is_empty() {
-            return Err(String::from("for 'in', 'notin' operators, values set can't be empty"));
-        }
-        Ok(values)
     }
+
+    /// `parseExactValue`.
+    fn exact_value(&mut self) -> Result<BTreeSet<String>, String> {
+        if matches!(self.lookahead(Ctx::Values).0, Tok::Eos | Tok::Comma) {
+            return Ok(BTreeSet::from([String::new()]));
+        }
+        let (tok, lit) = self.consume(Ctx::Values);
+        if tok == Tok::Ident {
+            return Ok(BTreeSet::from([lit]));
+        }
+        Err(format!("found '{lit}', expected: identifier"))
+    }
+}
+
+/// `NewRequirement`'s checks of the values (the key was checked by the parser), aggregated.
+fn new_requirement(
+    key: String,
+    op: LabelOp,
+    values: Vec<String>,
+) -> Result<LabelRequirement, String> {
+    let mut errs: Vec<String> = Vec::new();
+    if matches!(op, LabelOp::GreaterThan | LabelOp::LessThan) {
+        for (i, v) in values.iter().enumerate() {
+            if v.parse::<i64>().is_err() {
+                errs.push(field_invalid(
+                    &format!("values[{i}]"),
+                    v,
+                    "for 'Gt', 'Lt' operators, the value must be an integer",
+                ));
+            }
+        }
+    }
+    for (i, v) in values.iter().enumerate() {
+        let msgs = label_value_errors(v);
+        if !msgs.is_empty() {
+            errs.push(field_invalid(&format!("values[{i}][{key}]"), v, &msgs.join("; ")));
+        }
+    }
+    if !errs.is_empty() {
+        return Err(aggregate(errs));
+    }
+    let values: Vec<Box<str>> = values.into_iter().map(String::into_boxed_str).collect();
+    Ok(LabelRequirement { key: key.into(), op, values: values.into_boxed_slice() })
+}
+
+/// `field.Invalid(path, value, detail).Error()`.
+fn field_invalid(path: &str, value: &str, detail: &str) -> String {
+    format!("{path}: Invalid value: {}: {detail}", go_quote(value))
+}
+
+/// `ErrorList.ToAggregate().Error()`: one message as it is, several (each once) in brackets.
+fn aggregate(errs: Vec<String>) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for e in errs {
+        if !seen.contains(&e) {
+            seen.push(e);
+        }
+    }
+    if seen.len() == 1 {
+        seen.pop().unwrap_or_default()
+    } else {
+        format!("[{}]", seen.join(", "))
+    }
+}
+
+const QUALIFIED_NAME_FMT: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+const QUALIFIED_NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const DNS1123_SUBDOMAIN_FMT: &str =
+    "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
+const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+
+/// apimachinery's `RegexError`.
+fn regex_error(msg: &str, re: &str, examples: &[&str]) -> String {
+    if examples.is_empty() {
+        return format!("{msg} (regex used for validation is '{re}')");
+    }
+    let mut out = format!("{msg} (e.g. ");
+    for (i, e) in examples.iter().enumerate() {
+        if i > 0 {
+            out.push_str(" or ");
+        }
+        out.push_str(&format!("'{e}', "));
+    }
+    out.push_str(&format!("regex used for validation is '{re}')"));
+    out
 }
 
 fn is_name_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.'
 }
 
-/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, at most 63 characters.
-fn valid_name_part(s: &str) -> bool {
+/// `^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`.
+fn matches_qualified_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
         && b.iter().all(|&c| is_name_char(c))
 }
 
-fn valid_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && !s.is_empty()
-        && s.split('.').all(|label| {
-            let b = label.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        })
+/// `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`.
+fn matches_dns1123_subdomain(s: &str) -> bool {
+    s.split('.').all(|label| {
+        let b = label.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && !b[0].is_ascii_uppercase()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && !b[b.len() - 1].is_ascii_uppercase()
+            && b.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+    })
 }
 
-fn validate_label_key(k: &str) -> Result<(), String> {
-    let ok = match k.split_once('/') {
-        Some((prefix, name)) => {
-            valid_dns_subdomain(prefix) && !name.contains('/') && valid_name_part(name)
+/// `validation.IsQualifiedName`.
+fn qualified_name_errors(value: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    let parts: Vec<&str> = value.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errs.push(String::from("prefix part must be non-empty"));
+            } else {
+                if prefix.len() > 253 {
+                    errs.push(String::from("prefix part must be no more than 253 characters"));
+                }
+                if !matches_dns1123_subdomain(prefix) {
+                    errs.push(format!(
+                        "prefix part {}",
+                        regex_error(DNS1123_SUBDOMAIN_MSG, DNS1123_SUBDOMAIN_FMT, &["example.com"])
+                    ));
+                }
+            }
+            *name
         }
-        None => valid_name_part(k),
+        _ => {
+            errs.push(format!(
+                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                regex_error(QUALIFIED_NAME_MSG, QUALIFIED_NAME_FMT, &["MyName", "my.name", "123-abc"])
+            ));
+            return errs;
+        }
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid label key {k:?}: name part must consist of alphanumeric characters, '-', '_' \
-             or '.', and must start and end with an alphanumeric character (at most 63 \
-             characters), with an optional DNS subdomain prefix and '/'"
-        ))
+    if name.is_empty() {
+        errs.push(String::from("name part must be non-empty"));
+    } else if name.len() > 63 {
+        errs.push(String::from("name part must be no more than 63 characters"));
     }
+    if !matches_qualified_name(name) {
+        errs.push(format!(
+            "name part {}",
+            regex_error(QUALIFIED_NAME_MSG, QUALIFIED_NAME_FMT, &["MyName", "my.name", "123-abc"])
+        ));
+    }
+    errs
 }
 
-fn validate_label_value(v: &str) -> Result<(), String> {
-    if v.is_empty() || valid_name_part(v) {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid label value: {v:?}: a valid label must be an empty string or consist of \
-             alphanumeric characters, '-', '_' or '.', and must start and end with an \
-             alphanumeric character (at most 63 characters)"
-        ))
+/// `validation.IsValidLabelValue`.
+fn label_value_errors(value: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if value.len() > 63 {
+        errs.push(String::from("must be no more than 63 characters"));
     }
+    if !value.is_empty() && !matches_qualified_name(value) {
+        errs.push(regex_error(
+            LABEL_VALUE_MSG,
+            "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?",
+            &["MyValue", "my_value", "12345"],
+        ));
+    }
+    errs
 }
 
 /// The operator of one field requirement.
@@ -644,7 +812,6 @@ mod tests {
             "app=web,",
             ",",
             "app in web",
-            "app in ()",
             "=web",
             "app=we b",
             "app===web",
@@ -659,8 +826,52 @@ mod tests {
         ] {
             let err = LabelSelector::parse(bad).expect_err(bad);
             assert_eq!(err.code(), 400, "{bad}");
-            assert!(err.message.starts_with("unable to parse requirement"), "{}", err.message);
         }
+    }
+
+    #[test]
+    fn label_parse_messages_are_apimachinerys() {
+        // The messages of `labels.Parse` (k8s.io/apimachinery pkg/labels/selector.go), as the
+        // Kubernetes oracle shows them for the same selectors.
+        for (bad, msg) in [
+            ("app=web,", "found '', expected: identifier after ','"),
+            (
+                "-app=web",
+                "unable to parse requirement: <nil>: Invalid value: \"-app\": name part must \
+                 consist of alphanumeric characters, '-', '_' or '.', and must start and end with \
+                 an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex \
+                 used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
+            ),
+            (
+                "n>x",
+                "unable to parse requirement: values[0]: Invalid value: \"x\": for 'Gt', 'Lt' \
+                 operators, the value must be an integer",
+            ),
+            ("app=we b", "found 'b', expected: ',' or 'end of string'"),
+            ("app in web", "unable to parse requirement: found 'web' expected: '('"),
+            ("=web", "found '=', expected: !, identifier, or 'end of string'"),
+            ("app===web", "unable to parse requirement: found '=', expected: identifier"),
+        ] {
+            assert_eq!(LabelSelector::parse(bad).expect_err(bad).message, msg, "{bad}");
+        }
+    }
+
+    #[test]
+    fn empty_value_sets_are_the_empty_string() {
+        // `parseValues`: "()" is the set {""}, as are "(,)" and "(a,)" plus "".
+        let empty = obj(&[("app", "")], &[]);
+        let web = obj(&[("app", "web")], &[]);
+        let none = obj(&[], &[]);
+        let s = LabelSelector::parse("app in ()").unwrap();
+        assert!(s.matches(&empty) && !s.matches(&web) && !s.matches(&none));
+        assert_eq!(s.requires_exact_match("app"), Some(""));
+        let s = LabelSelector::parse("app notin ()").unwrap();
+        assert!(!s.matches(&empty) && s.matches(&web) && s.matches(&none));
+        let s = LabelSelector::parse("app in (web,)").unwrap();
+        assert!(s.matches(&empty) && s.matches(&web));
+        // Values are a set: duplicates collapse, so one value pins the key.
+        let s = LabelSelector::parse("app in (web,web)").unwrap();
+        assert_eq!(s.requires_exact_match("app"), Some("web"));
     }
 
     #[test]

@@ -831,7 +831,7 @@ impl<'w> Sim<'w> {
                 self.c.restarts += 1;
                 if self.cache_up {
                     self.cache_up = false;
-                    self.cacher.handle_storage_error(self.ts(), "watch cache restart");
+                    self.cacher.reinitialize(self.ts(), "watch cache restart");
                 }
                 self.down_until = self.down_until.max(self.now + outage);
                 self.schedule(self.down_until, Ev::CacheRelist);

@@ -13,6 +13,9 @@ use core::fmt;
 pub enum Reason {
     /// 400: the request is malformed (bad resourceVersion, selector, limit, continue token ...).
     BadRequest,
+    /// 422: the list options fail the API server's validation (`ValidateListOptions`:
+    /// resourceVersionMatch without a resourceVersion, Exact with "0", an unknown match, ...).
+    Invalid,
     /// 404: the object does not exist.
     NotFound,
     /// 410: the requested resourceVersion is older than the cache's window.
@@ -25,6 +28,9 @@ pub enum Reason {
     ServiceUnavailable,
     /// 500: an internal error, e.g. a watch cache that was never initialised.
     InternalError,
+    /// 500 with no reason (`StatusReasonUnknown`, `""`): an error that is not a Kubernetes
+    /// status, as `ErrorToAPIStatus` reports it (v1.37's invalid keys).
+    Unknown,
 }
 
 impl Reason {
@@ -32,12 +38,14 @@ impl Reason {
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::BadRequest => "BadRequest",
+            Reason::Invalid => "Invalid",
             Reason::NotFound => "NotFound",
             Reason::Expired => "Expired",
             Reason::Timeout => "Timeout",
             Reason::TooManyRequests => "TooManyRequests",
             Reason::ServiceUnavailable => "ServiceUnavailable",
             Reason::InternalError => "InternalError",
+            Reason::Unknown => "",
         }
     }
 
@@ -45,12 +53,13 @@ impl Reason {
     pub const fn code(self) -> u16 {
         match self {
             Reason::BadRequest => 400,
+            Reason::Invalid => 422,
             Reason::NotFound => 404,
             Reason::Expired => 410,
             Reason::Timeout => 504,
             Reason::TooManyRequests => 429,
             Reason::ServiceUnavailable => 503,
-            Reason::InternalError => 500,
+            Reason::InternalError | Reason::Unknown => 500,
         }
     }
 }
@@ -91,18 +100,49 @@ impl Status {
         )
     }
 
-    /// 504 "Too large resource version" with Retry-After 1, as `storage/errors.go` builds it.
+    /// 504 "Timeout: Too large resource version" with Retry-After 1, as `storage/errors.go`
+    /// builds it (`NewTimeoutError` prefixes its message with "Timeout: ").
     pub fn too_large(requested: u64, current: u64) -> Status {
         Status {
             reason: Reason::Timeout,
-            message: format!("Too large resource version: {requested}, current: {current}"),
+            message: format!(
+                "Timeout: Too large resource version: {requested}, current: {current}"
+            ),
             retry_after_s: Some(1),
         }
     }
 
-    /// 404 for a key.
+    /// 404 for a key, as the registry words it (`InterpretGetError` → `NewNotFound`):
+    /// `pods "zzz" not found`, the resource being the key's first path segment and the name
+    /// its last (`/pods/ns/zzz`). See [`Status::not_found_in`] when the resource is known.
     pub fn not_found(key: &[u8]) -> Status {
-        Status::new(Reason::NotFound, format!("{} not found", crate::key::display_key(key)))
+        let key = crate::key::display_key(key);
+        let resource = key.trim_start_matches('/').split('/').next().unwrap_or("");
+        let name = key.rsplit('/').next().unwrap_or("");
+        Status::not_found_in(resource, name)
+    }
+
+    /// 404 `<resource> "<name>" not found` (apimachinery's `NewNotFound`).
+    pub fn not_found_in(resource: &str, name: &str) -> Status {
+        Status::new(Reason::NotFound, format!("{resource} {} not found", go_quote(name)))
+    }
+
+    /// 422 for list options that fail validation, as `NewInvalid(ListOptions)` words it:
+    /// `ListOptions.meta.k8s.io "" is invalid: <error>` (several errors in brackets,
+    /// duplicates once, as `ErrorList.ToAggregate`).
+    pub fn invalid_list_options<S: AsRef<str>>(errors: &[S]) -> Status {
+        let mut seen: alloc::vec::Vec<&str> = alloc::vec::Vec::new();
+        for e in errors {
+            if !seen.contains(&e.as_ref()) {
+                seen.push(e.as_ref());
+            }
+        }
+        let body = match seen.as_slice() {
+            [] => String::new(),
+            [one] => format!(": {one}"),
+            many => format!(": [{}]", many.join(", ")),
+        };
+        Status::new(Reason::Invalid, format!("ListOptions.meta.k8s.io \"\" is invalid{body}"))
     }
 
     /// 503 as returned by a cache that has been stopped.
@@ -112,8 +152,43 @@ impl Status {
 
     /// True for a 504 "Too large resource version".
     pub fn is_too_large_resource_version(&self) -> bool {
-        self.reason == Reason::Timeout && self.message.starts_with("Too large resource version")
+        self.reason == Reason::Timeout
+            && self.message.starts_with("Timeout: Too large resource version")
     }
+}
+
+/// Go's `strconv.Quote` (what `%q` prints): `"`-delimited, `"` and `\\` escaped, control
+/// characters as `\n`, `\t`, ... or `\xNN`, other non-printable characters as `\uNNNN`.
+pub(crate) fn go_quote(s: &str) -> String {
+    use core::fmt::Write;
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if !c.is_ascii() && (c.is_control() || c.is_whitespace()) => {
+                if (c as u32) < 0x10000 {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                } else {
+                    let _ = write!(out, "\\U{:08x}", c as u32);
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 impl fmt::Display for Status {

@@ -147,6 +147,19 @@ impl Cacher {
                         id,
                         "linearizable read timed out waiting for the cache; served by storage",
                     );
+                } else if plan.consistent
+                    && self.cfg.profile.is_v1_34()
+                    && self.cfg.consistent_list_skip_timeout_fallback
+                {
+                    // v1.37's ConsistentListFromCacheSkipTimeoutFallback: a retryable answer
+                    // instead of the read going to storage (`delegator.go`: 429 with the
+                    // timeout's message, Retry-After 1).
+                    let status = Status {
+                        reason: Reason::TooManyRequests,
+                        message: status.message,
+                        retry_after_s: Some(1),
+                    };
+                    self.outputs.push_back(Output::Rejected { request: id, status });
                 } else if plan.consistent && self.cfg.profile.is_v1_34() {
                     // 1.31+: a consistent read that times out falls back to storage.
                     self.metrics.consistent_reads_fallback += 1;
@@ -192,34 +205,87 @@ impl Cacher {
         self.close_watcher(id, CloseCause::Timeout, None, None);
     }
 
+    /// A reader starts waiting for freshness (`waitingUntilFresh.Add`). The requester's loop
+    /// (`watch_progress.go` `Run`) sleeps while nobody waits; its clock does not: in 1.30 a
+    /// ticker started with the cacher, in 1.33+ a timer started with it and re-armed after each
+    /// request. A tick (or fire) that came while nobody waited is taken at once, so the first
+    /// request often goes out immediately; later ones follow the clock.
     fn add_progress_waiter(&mut self) {
         self.progress_waiters += 1;
-        if self.progress_at.is_none() {
-            let at = self.now.add_ms(self.cfg.progress_request_interval_ms);
-            self.progress_at = Some(at);
-            self.set_timer(at, TimerReason::ProgressRequest, 0);
+        if self.progress_active {
+            return;
         }
+        self.progress_active = true;
+        let now = self.now;
+        let period = self.cfg.progress_request_interval_ms;
+        let next = if self.cfg.profile.is_v1_34() {
+            // `progress/watch_progress.go`: the timer fired at `progress_mark` (if that is past)
+            // and nobody took it.
+            if self.progress_mark <= now {
+                self.request_progress();
+                self.progress_mark = now.add_ms(period);
+            }
+            self.progress_mark
+        } else {
+            // `watch_progress.go`: a tick since the last one consumed waits in the channel.
+            let pending = self.next_progress_tick(self.progress_mark);
+            if pending <= now {
+                self.progress_mark = now;
+                self.request_progress();
+                self.next_progress_tick(now)
+            } else {
+                pending
+            }
+        };
+        self.progress_at = Some(next);
+        self.set_timer(next, TimerReason::ProgressRequest, 0);
     }
 
+    /// A reader stops waiting (`Remove`). The loop notices at its next tick.
     fn remove_progress_waiter(&mut self) {
         self.progress_waiters = self.progress_waiters.saturating_sub(1);
-        if self.progress_waiters == 0 {
-            if let Some(at) = self.progress_at.take() {
-                self.clear_timer(at, TimerReason::ProgressRequest, 0);
-            }
-        }
     }
 
     pub(crate) fn on_progress_timer(&mut self, now: Timestamp) {
         self.progress_at = None;
-        if self.progress_waiters == 0 {
+        if !self.progress_active {
             return;
         }
+        let period = self.cfg.progress_request_interval_ms;
+        if self.cfg.profile.is_v1_34() {
+            if self.progress_waiters == 0 {
+                // `timer.Reset(0)`: fired again at once, for the next waiter to take.
+                self.progress_mark = now;
+                self.progress_active = false;
+                return;
+            }
+            self.progress_mark = now.add_ms(period);
+            self.request_progress();
+            self.progress_at = Some(self.progress_mark);
+            self.set_timer(self.progress_mark, TimerReason::ProgressRequest, 0);
+        } else {
+            self.progress_mark = now;
+            if self.progress_waiters == 0 {
+                self.progress_active = false;
+                return;
+            }
+            self.request_progress();
+            let next = self.next_progress_tick(now);
+            self.progress_at = Some(next);
+            self.set_timer(next, TimerReason::ProgressRequest, 0);
+        }
+    }
+
+    fn request_progress(&mut self) {
         self.metrics.progress_requests += 1;
         self.outputs.push_back(Output::RequestProgress);
-        let at = now.add_ms(self.cfg.progress_request_interval_ms);
-        self.progress_at = Some(at);
-        self.set_timer(at, TimerReason::ProgressRequest, 0);
+    }
+
+    /// The 1.30 ticker's first tick after `t`: ticks fall on `created + k·period`, k ≥ 1.
+    fn next_progress_tick(&self, t: Timestamp) -> Timestamp {
+        let period = self.cfg.progress_request_interval_ms;
+        let k = t.ms_since(self.created) / period + 1;
+        self.created.add_ms(k.saturating_mul(period))
     }
 }
 

@@ -9,7 +9,6 @@
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
-use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
@@ -393,13 +392,15 @@ impl Cacher {
         });
     }
 
+    /// The 429 of an unready cache. Since 1.33 the message carries the error ListAndWatch
+    /// returned (`ready.go` `setError`), but a broken storage watch is not one: the reflector
+    /// returns nil when its watch ends with an error event (client-go `reflector.go`, "watch
+    /// closed"), so after [`Cacher::handle_storage_error`] the message is the plain one.
     pub(crate) fn not_ready_429(&self, now: Timestamp) -> Status {
-        let message = match (self.cfg.profile.is_v1_34(), self.ready.last_error()) {
-            _ if self.ready.state() == ReadyState::Stopped => {
-                String::from("apiserver cacher is stopped")
-            }
-            (true, Some(e)) => format!("storage is (re)initializing: {e}"),
-            _ => String::from("storage is (re)initializing"),
+        let message = if self.ready.state() == ReadyState::Stopped {
+            String::from("apiserver cacher is stopped")
+        } else {
+            String::from("storage is (re)initializing")
         };
         let retry = if self.cfg.profile.is_v1_34() { self.ready.retry_after_s(now) } else { 1 };
         Status { reason: Reason::TooManyRequests, message, retry_after_s: Some(retry) }

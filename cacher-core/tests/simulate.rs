@@ -299,7 +299,7 @@ fn errors_name_the_field() {
         ),
         (json!({"etcd": {"objects_per_page": 0}}), "etcd.objects_per_page: must be at least 1"),
         (json!({"config": {"capacity": 0}}), "config.capacity: must be at least 1"),
-        (json!({"config": {"profile": "v2"}}), "config.profile: unknown profile \"v2\"; expected \"v1.30\" or \"v1.34\""),
+        (json!({"config": {"profile": "v2"}}), "config.profile: unknown profile \"v2\"; expected \"v1.30\", \"v1.34\" or \"v1.37\""),
         (json!({"restarts": [{"outage_s": 1}]}), "restarts[0].at_s: required field is missing"),
         (json!({"restarts": {"at_s": 1}}), "restarts: expected an array, got an object"),
         (json!({"watchers": {"cont": 5}}), "watchers.cont: unknown field"),

@@ -21,7 +21,8 @@ var knownFields = map[string][]string{
 		"freshness_timeout_ms", "progress_request_interval_ms", "budget_refill_ms_per_s", "budget_max_ms",
 		"watch_chan_size", "index_field", "interval_buffer_size", "request_timeout_ms", "seed",
 		"watch_list", "consistent_list_from_cache", "resilient_initialization", "list_from_cache_snapshot",
-		"watch_from_storage_without_rv", "storage_supports_progress"},
+		"watch_from_storage_without_rv", "storage_supports_progress", "consistent_list_skip_timeout_fallback",
+		"relist_delay_ms", "resource_prefix"},
 	"replace":       {"rv", "objects"},
 	"put":           {"rv", "object"},
 	"delete":        {"rv", "key"},
@@ -105,6 +106,29 @@ func noCounterpart(sc *scenario, cfg config, have map[string]bool) (string, map[
 	if cfg.Profile != "v1.30" && cfg.EventFreshMs < 75000 {
 		add("event_fresh_ms %d: EventsHistoryWindow below 75 s is refused by NewCacherFromConfig", cfg.EventFreshMs)
 	}
+	if cfg.RelistDelayMs != 1000 {
+		add("relist_delay_ms %d: the pause before a relist is wait.Until's constant 1 s period (cacher.go)", cfg.RelistDelayMs)
+	}
+	if cfg.ResourcePrefix == "" && cfg.Profile == "v1.37" {
+		// v1.37 refuses keys outside the resource prefix (storage.PrepareKey); the core checks
+		// them only against a resource_prefix it is given.
+		for _, st := range sc.Steps {
+			k, recursive := strOr(st.Raw, "key", ""), boolOr(st.Raw, "recursive", true)
+			switch st.Op {
+			case "get":
+				recursive = false
+			case "watch", "list":
+			default:
+				continue
+			}
+			if recursive && !strings.HasSuffix(k, "/") {
+				k += "/"
+			}
+			if k != "" && k != "/" && !strings.HasPrefix(k, scenarioPrefix(sc)) {
+				add("%s %s: key %q is outside the resource prefix the oracle assumes (%q) and v1.37 checks it; set resource_prefix", st.Op, st.id(), k, scenarioPrefix(sc))
+			}
+		}
+	}
 	if cfg.Capacity > math.MaxInt32 || cfg.UpperBound > math.MaxInt32 {
 		add("capacity too large")
 	}
@@ -162,7 +186,12 @@ func impliedGate(profile, field string) (bool, bool) {
 	switch profile {
 	case "v1.30":
 		switch field {
-		case "resilient_initialization", "list_from_cache_snapshot":
+		case "resilient_initialization", "list_from_cache_snapshot", "consistent_list_skip_timeout_fallback":
+			return false, true
+		}
+	case "v1.34":
+		switch field {
+		case "consistent_list_skip_timeout_fallback":
 			return false, true
 		}
 	case "v1.37":

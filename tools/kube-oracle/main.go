@@ -14,8 +14,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/klog/v2"
 )
 
@@ -101,6 +103,11 @@ func runCmd(args []string) (int, func() int) {
 	}
 	d := &driver{cfg: cfg, byID: map[string]*client{}, delegatedIDs: map[string]bool{},
 		unresponsive: map[string]int{}, prefix: scenarioPrefix(sc)}
+	if cfg.ResourcePrefix != "" {
+		// The cacher's ResourcePrefix, and the registry's resource named after it (404s).
+		d.prefix = cfg.ResourcePrefix
+		podsResource = schema.GroupResource{Resource: path.Base(cfg.ResourcePrefix)}
+	}
 	d.log = &klogCapture{d: d, verbose: *verbose}
 	kfs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(kfs)

@@ -276,6 +276,8 @@ type config struct {
 	Seed                    uint64
 	Gates                   map[string]bool // scenario gate name -> value
 	StorageSupportsProgress bool
+	RelistDelayMs           uint64
+	ResourcePrefix          string // "": the scenario's first path segment (scenarioPrefix)
 }
 
 // scenarioGates are the config's feature-gate switches, with the Kubernetes gate each presets.
@@ -285,6 +287,7 @@ var scenarioGates = []struct{ field, gate string }{
 	{"resilient_initialization", "ResilientWatchCacheInitialization"},
 	{"list_from_cache_snapshot", "ListFromCacheSnapshot"},
 	{"watch_from_storage_without_rv", "WatchFromStorageWithoutResourceVersion"},
+	{"consistent_list_skip_timeout_fallback", "ConsistentListFromCacheSkipTimeoutFallback"},
 }
 
 func parseConfig(c map[string]json.RawMessage, profileOverride string) (config, error) {
@@ -305,7 +308,9 @@ func parseConfig(c map[string]json.RawMessage, profileOverride string) (config, 
 	cfg.Gates = map[string]bool{
 		"watch_list": later, "consistent_list_from_cache": later, "resilient_initialization": later,
 		"list_from_cache_snapshot": later, "watch_from_storage_without_rv": false,
+		"consistent_list_skip_timeout_fallback": false,
 	}
+	cfg.RelistDelayMs = 1000
 	num := func(k string, dst *uint64) error {
 		v, err := u64Field(c, k)
 		if err != nil {
@@ -324,7 +329,7 @@ func parseConfig(c map[string]json.RawMessage, profileOverride string) (config, 
 		"progress_request_interval_ms": &cfg.ProgressIntervalMs,
 		"budget_refill_ms_per_s":       &cfg.BudgetRefillMsPerS, "budget_max_ms": &cfg.BudgetMaxMs,
 		"interval_buffer_size": &cfg.IntervalBufferSize, "request_timeout_ms": &cfg.RequestTimeoutMs,
-		"seed": &cfg.Seed,
+		"seed": &cfg.Seed, "relist_delay_ms": &cfg.RelistDelayMs,
 	} {
 		if err := num(k, dst); err != nil {
 			return cfg, err
@@ -343,6 +348,7 @@ func parseConfig(c map[string]json.RawMessage, profileOverride string) (config, 
 		}
 	}
 	cfg.StorageSupportsProgress = boolOr(c, "storage_supports_progress", true)
+	cfg.ResourcePrefix = strOr(c, "resource_prefix", "")
 	return cfg, nil
 }
 

@@ -136,6 +136,18 @@ pub const CONFIG_FIELDS: &[ConfigField] = &[
     flag!(list_from_cache_snapshot),
     flag!(watch_from_storage_without_rv),
     flag!(storage_supports_progress),
+    flag!(consistent_list_skip_timeout_fallback),
+    number!(relist_delay_ms, Size),
+    ConfigField {
+        name: "resource_prefix",
+        get: |c| c.resource_prefix.as_deref().map_or(FieldValue::Null, FieldValue::Str),
+        set: |c, f| {
+            if let Some(s) = f.opt_string("resource_prefix")? {
+                c.resource_prefix = Some(s.into_boxed_str());
+            }
+            Ok(())
+        },
+    },
 ];
 
 /// The configuration as `(name, value)` pairs: `profile`, then [`CONFIG_FIELDS`].
@@ -218,7 +230,7 @@ mod tests {
             };
             obj.insert(name.into(), j);
         }
-        assert_eq!(obj.len(), 24);
+        assert_eq!(obj.len(), 27);
         let back = parse_config(&Value::Object(obj), "config").unwrap();
         assert_eq!(config_fields(&back), config_fields(&c));
     }
