@@ -280,7 +280,15 @@ fn main() -> ExitCode {
                 )
                 .with_writer(std::io::stderr)
                 .init();
-            let rt = match tokio::runtime::Runtime::new() {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.enable_all();
+            // Tasks in wake order (see .cargo/config.toml); WATCHCACHE_TOKIO_LIFO=1 keeps
+            // tokio's default, for comparison.
+            #[cfg(tokio_unstable)]
+            if std::env::var("WATCHCACHE_TOKIO_LIFO").as_deref() != Ok("1") {
+                builder.disable_lifo_slot();
+            }
+            let rt = match builder.build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("starting the runtime: {e}");

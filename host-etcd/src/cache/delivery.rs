@@ -39,6 +39,8 @@ pub struct EventRun {
     events: Vec<Arc<Event>>,
     /// Wire encodings, filled on first use: `[without prev_kv, with prev_kv]` per event.
     encodings: Box<[[OnceLock<Bytes>; 2]]>,
+    /// The encoded response header every watcher of the run gets, filled on first use.
+    header: OnceLock<Bytes>,
 }
 
 impl std::fmt::Debug for EventRun {
@@ -54,13 +56,18 @@ impl EventRun {
     /// A run of `events` given out when the cache was at `header_rev`.
     pub fn new(header_rev: u64, events: Vec<Arc<Event>>) -> EventRun {
         let encodings = events.iter().map(|_| [OnceLock::new(), OnceLock::new()]).collect();
-        EventRun { header_rev, events, encodings }
+        EventRun { header_rev, events, encodings, header: OnceLock::new() }
     }
 
     /// The cache's revision when the run was given out (etcd's `header.revision`: at least
     /// the last event's).
     pub fn header_rev(&self) -> u64 {
         self.header_rev
+    }
+
+    /// The encoded response header, computed by `encode` the first time.
+    pub fn header_encoding(&self, encode: impl FnOnce() -> Bytes) -> Bytes {
+        self.header.get_or_init(encode).clone()
     }
 
     /// Events in the run.

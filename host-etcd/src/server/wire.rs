@@ -30,7 +30,12 @@ pub fn encode_event_field(ev: &Event, prev_kv: bool) -> Bytes {
 
 /// Writes a cached events response: header, watch id, then each event's shared encoding.
 pub fn encode_events(e: &EventsResponse, dst: &mut impl BufMut) {
-    prost::encoding::message::encode(1, &e.header, dst);
+    // Every watcher of a run gets the same header: encoded once.
+    dst.put_slice(&e.run.header_encoding(|| {
+        let mut b = BytesMut::with_capacity(32);
+        prost::encoding::message::encode(1, &e.header, &mut b);
+        b.freeze()
+    }));
     if e.watch_id != 0 {
         prost::encoding::int64::encode(2, &e.watch_id, dst);
     }
@@ -93,6 +98,7 @@ mod tests {
                 picks: Picks::Range(0, 2),
                 prev_kv,
                 credit: None,
+                size: 0,
             };
             let mut buf = BytesMut::new();
             encode_events(&e, &mut buf);

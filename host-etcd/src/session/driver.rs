@@ -139,22 +139,7 @@ impl Outbox {
 pub fn response_size(r: &Response) -> usize {
     match r {
         Response::Message(m) => prost::Message::encoded_len(m),
-        Response::Events(e) => {
-            e.picks
-                .iter()
-                .filter_map(|i| e.run.event(i))
-                .map(|ev| {
-                    let v = ev.object().map_or(0, |o| o.value().map_or(0, <[u8]>::len));
-                    let p = if e.prev_kv {
-                        ev.prev().map_or(0, |o| o.value().map_or(0, <[u8]>::len))
-                    } else {
-                        0
-                    };
-                    ev.key().len() * 2 + v + p + 40
-                })
-                .sum::<usize>()
-                + 40
-        }
+        Response::Events(e) => e.size,
     }
 }
 

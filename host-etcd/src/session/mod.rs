@@ -136,6 +136,8 @@ pub struct EventsResponse {
     pub picks: Picks,
     /// With previous values.
     pub prev_kv: bool,
+    /// Roughly its size on the wire (for the byte budgets).
+    pub size: usize,
     /// Credit to give back to the cache once the transport has taken this response (so a
     /// client that stops reading stops its cache watchers, which then fall behind into the
     /// ring instead of piling up here).
@@ -1067,8 +1069,9 @@ impl WatchSession {
             if let Some(&l) = kept.last() {
                 w.vouched = w.vouched.max(run.event(l).map_or(0, |e| e.rv()));
             }
-            for frame in frames(run, &kept, w.spec.prev_kv, max_bytes) {
+            for (frame, size) in frames(run, &kept, w.spec.prev_kv, max_bytes) {
                 responses.push(Response::Events(EventsResponse {
+                    size,
                     watch_id: id,
                     header: PbResponseHeader {
                         revision: run.header_rev() as i64,
@@ -1544,8 +1547,9 @@ fn header_at(rev: u64) -> PbResponseHeader {
     PbResponseHeader { revision: rev as i64, ..Default::default() }
 }
 
-/// Splits a watch's events into responses of about `max_bytes`, only between revisions.
-fn frames(run: &EventRun, kept: &[u32], prev_kv: bool, max_bytes: usize) -> Vec<Picks> {
+/// Splits a watch's events into responses of about `max_bytes`, only between revisions; each
+/// with its size.
+fn frames(run: &EventRun, kept: &[u32], prev_kv: bool, max_bytes: usize) -> Vec<(Picks, usize)> {
     let mut out = Vec::new();
     let mut current: Option<Picks> = None;
     let mut size = 0usize;
@@ -1559,15 +1563,16 @@ fn frames(run: &EventRun, kept: &[u32], prev_kv: bool, max_bytes: usize) -> Vec<
         let boundary =
             kept.get(n + 1).and_then(|&j| run.event(j)).is_none_or(|next| next.rv() != ev.rv());
         if boundary && size >= max_bytes {
-            out.extend(current.take());
+            out.extend(current.take().map(|p| (p, size + 40)));
             size = 0;
         }
     }
-    out.extend(current);
+    out.extend(current.map(|p| (p, size + 40)));
     out
 }
 
-fn event_size(ev: &cacher_core::Event, prev_kv: bool) -> usize {
+/// Roughly an event's size on the wire.
+pub(crate) fn event_size(ev: &cacher_core::Event, prev_kv: bool) -> usize {
     let obj = ev.object().map_or(0, |o| o.value().map_or(0, <[u8]>::len));
     let prev = if prev_kv { ev.prev().map_or(0, |o| o.value().map_or(0, <[u8]>::len)) } else { 0 };
     ev.key().len() * 2 + obj + prev + 40
