@@ -11,19 +11,49 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
 
-// FreePort asks the kernel for a free loopback port.
+// FreePort finds a free loopback port below the kernel's ephemeral range: a port inside it can
+// be taken, while its server is down, by a client's own connection to it (a TCP self-connect
+// from a client retrying 127.0.0.1:PORT), and the restarted server then fails with "address
+// already in use" (seen once in a baseline run).
 func FreePort() (int, error) {
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				lo = n
+			}
+		}
+	}
+	if lo > 12000 {
+		portsMu.Lock()
+		defer portsMu.Unlock()
+		for attempt := 0; attempt < 1000; attempt++ {
+			port := 10000 + rand.IntN(lo-10000)
+			if portsGiven[port] {
+				continue
+			}
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				continue
+			}
+			l.Close()
+			portsGiven[port] = true
+			return port, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -31,6 +61,11 @@ func FreePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // Proc is a child process in its own process group, restartable with the same command line.
 type Proc struct {
@@ -61,8 +96,22 @@ func KillAll() {
 	}
 }
 
-// Start starts the process (again) and waits until Ready says it is up.
+// Start starts the process (again) and waits until Ready says it is up; a start that dies at
+// once (a port still held) is tried again for up to the timeout.
 func (p *Proc) Start(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := p.start(time.Until(deadline))
+		if err == nil || !errors.Is(err, errExited) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+var errExited = errors.New("exited while starting")
+
+func (p *Proc) start(timeout time.Duration) error {
 	p.mu.Lock()
 	if p.cmd != nil && p.running() {
 		p.mu.Unlock()
@@ -113,7 +162,10 @@ func (p *Proc) Start(timeout time.Duration) error {
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("%s exited while starting (%v); log: %s", p.Name, p.exited, p.LogPath)
+			p.mu.Lock()
+			exit := p.exited
+			p.mu.Unlock()
+			return fmt.Errorf("%s %w (%v); log: %s", p.Name, errExited, exit, p.LogPath)
 		default:
 		}
 		if time.Now().After(deadline) {
