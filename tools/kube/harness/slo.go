@@ -201,6 +201,7 @@ type counters struct {
 	Disconnects, Reconnects                                  int64
 	ReconnectDelaySum, ReconnectExtraSum                     float64          // seconds: block to reconnect, unblock to reconnect
 	ListRVs                                                  map[string]int64 `json:",omitempty"`
+	Expired                                                  []expiry         `json:",omitempty"` // every 410
 }
 
 func (c *counters) add(o *counters) {
@@ -214,6 +215,7 @@ func (c *counters) add(o *counters) {
 	c.RelistsAfter410 += o.RelistsAfter410
 	c.RelistsOther += o.RelistsOther
 	c.ListErrors += o.ListErrors
+	c.Expired = append(c.Expired, o.Expired...)
 	c.Watches += o.Watches
 	c.WatchRefused += o.WatchRefused
 	c.Watch410 += o.Watch410
@@ -225,6 +227,15 @@ func (c *counters) add(o *counters) {
 	c.Reconnects += o.Reconnects
 	c.ReconnectDelaySum += o.ReconnectDelaySum
 	c.ReconnectExtraSum += o.ReconnectExtraSum
+}
+
+// expiry is one 410: which reflector, seconds since its connection was last dropped, the
+// resourceVersion its watch asked for.
+type expiry struct {
+	Reflector  int
+	WatchList  bool
+	SinceBlock float64
+	RV, At     string
 }
 
 // sloReflector is one client-go Reflector on its own loopback proxy.
@@ -241,6 +252,7 @@ type sloReflector struct {
 	waiting   bool
 	// a 410 not yet followed by a relist
 	pending410 bool
+	lastBlock  time.Time
 	// blocked by its own disconnect, by a kube-apiserver restart
 	ownBlocked, restartBlocked bool
 	stopCh                     chan struct{}
@@ -315,6 +327,8 @@ func (s *sloReflector) listerWatcher(cs kubernetes.Interface, ns, selector strin
 					if st, ok := e.Object.(*metav1.Status); ok && (st.Code == 410 || st.Reason == metav1.StatusReasonExpired || st.Reason == metav1.StatusReasonGone) {
 						s.c.Watch410++
 						s.pending410 = true
+						s.c.Expired = append(s.c.Expired, expiry{Reflector: s.idx, WatchList: s.watchList,
+							SinceBlock: time.Since(s.lastBlock).Seconds(), RV: o.ResourceVersion, At: time.Now().Format("15:04:05.000")})
 					} else {
 						s.c.WatchErrors++
 					}
@@ -382,6 +396,7 @@ func (s *sloReflector) disconnect() {
 		s.waiting = true
 	}
 	s.ownBlocked = true
+	s.lastBlock = time.Now()
 	s.mu.Unlock()
 	s.proxy.block()
 }
@@ -407,7 +422,8 @@ type realRun struct {
 	APIListsToStorage float64 // kube-apiserver's etcd_requests_total{operation="list",resource="configmaps"}
 	WCUpstream        map[string]float64
 	RingCapacity      float64
-	Err               string `json:",omitempty"`
+	Drain             float64 // seconds waited after the run for relists after 410s
+	Err               string  `json:",omitempty"`
 	Dur               float64
 }
 
@@ -581,9 +597,7 @@ func runReal(b bins, w *workload, viaWatchcache bool, seed int64, keep bool) (re
 				d := time.Duration(w.delay(dr) * float64(time.Second))
 				s.disconnect()
 				if time.Now().Add(d).After(end) {
-					time.Sleep(time.Until(end))
-					s.reconnect()
-					return
+					return // still away at the end, as in simulate()
 				}
 				time.Sleep(d)
 				s.reconnect()
@@ -607,6 +621,7 @@ func runReal(b bins, w *workload, viaWatchcache bool, seed int64, keep bool) (re
 					s.blockedAt, s.unblocked, s.waiting = time.Now(), time.Time{}, true
 				}
 				s.restartBlocked = true
+				s.lastBlock = time.Now()
 				s.mu.Unlock()
 				s.proxy.block()
 			}
@@ -632,7 +647,41 @@ func runReal(b bins, w *workload, viaWatchcache bool, seed int64, keep bool) (re
 	}
 	time.Sleep(time.Until(end))
 	wg.Wait()
-	time.Sleep(2 * time.Second) // let relists in flight finish
+	// A 410 is followed by a relist only after one step of the reflector's backoff (30–60 s
+	// after a long outage): wait for those (at most 65 s) so that every 410 of the run has
+	// its relist counted. Nothing else happens meanwhile (no writes, no disconnects).
+	// Counts are those at the end, plus these relists.
+	snap := make([]counters, len(refl))
+	pending := make([]bool, len(refl))
+	for i, s := range refl {
+		s.mu.Lock()
+		snap[i] = s.c
+		pending[i] = s.pending410 && !s.ownBlocked
+		s.mu.Unlock()
+	}
+	drainStart := time.Now()
+	waitFor(65*time.Second, func() bool {
+		for i, s := range refl {
+			s.mu.Lock()
+			p := pending[i] && s.c.RelistsAfter410 == snap[i].RelistsAfter410
+			s.mu.Unlock()
+			if p {
+				return false
+			}
+		}
+		return true
+	})
+	res.Drain = time.Since(drainStart).Seconds()
+	for i, s := range refl {
+		s.mu.Lock()
+		if pending[i] && s.c.RelistsAfter410 > snap[i].RelistsAfter410 {
+			snap[i].RelistsAfter410++
+			snap[i].Relists++
+		}
+		s.c = snap[i]
+		s.mu.Unlock()
+	}
+	time.Sleep(2 * time.Second)
 	m1 := e.metrics()
 	apiMu.RLock()
 	am := a.metrics()
