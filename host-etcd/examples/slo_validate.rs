@@ -35,7 +35,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cacher_core::simulate::{self, Delay, Workload};
-use cacher_core::Profile;
 use clap::Parser;
 use futures::StreamExt;
 use host_etcd::etcd_launcher::free_port;
@@ -208,10 +207,7 @@ impl Server {
             "--prefix".into(),
             PREFIX.into(),
             "--profile".into(),
-            match c.profile {
-                Profile::V1_30 => "v1.30".into(),
-                Profile::V1_34 => "v1.34".into(),
-            },
+            c.profile.as_str().into(),
             "--capacity".into(),
             c.capacity.to_string(),
             "--upper-bound-capacity".into(),
