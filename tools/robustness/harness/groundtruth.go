@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,4 +199,18 @@ func (g *groundTruth) FirstAt(rev int64) int {
 		return int(g.revFirst[rev])
 	}
 	return len(g.events)
+}
+
+// countMatching is the number of events in (from, to] that req matches.
+func (g *groundTruth) countMatching(req *record.CreateRequest, from, to int64) int {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	i := sort.Search(len(g.events), func(i int) bool { return g.events[i].Rev() > from })
+	n := 0
+	for ; i < len(g.events) && g.events[i].Rev() <= to; i++ {
+		if req.Matches(&g.events[i]) {
+			n++
+		}
+	}
+	return n
 }

@@ -39,6 +39,10 @@ type lwatch struct {
 	nextKind        string
 	resumeOnCancel  bool
 	lastCreateStart int64
+	// got counts the current record's matching events above countFrom (its start - 1, or the
+	// created header for "from now"): the drain waits until it reaches etcd's count.
+	got       int
+	countFrom int64
 }
 
 // next is where a resume starts: after the last revision seen (an event or a progress
@@ -273,7 +277,8 @@ func (sess *session) sendCreate(lw *lwatch) {
 	req := lw.req
 	req.StartRevision = lw.nextStart
 	kind := lw.nextKind
-	lw.req, lw.createdRev, lw.state = req, 0, wsPending
+	lw.req, lw.createdRev, lw.state, lw.got = req, 0, wsPending, 0
+	lw.countFrom = max(req.StartRevision-1, 0)
 	s.mu.Unlock()
 	rec := l.rec.newWatch(sess.sr.s.ID, req, lw.kind, kind, resumeOf)
 	s.mu.Lock()
@@ -348,6 +353,10 @@ func (sess *session) recvLoop(seed uint64) {
 		}
 		progress := rr.IsProgressNotify()
 		rev := rr.Revision
+		evRevs := make([]int64, len(rr.Events))
+		for i := range rr.Events {
+			evRevs[i] = rr.Events[i].Rev()
+		}
 		sess.sr.mu.Unlock()
 
 		s.mu.Lock()
@@ -360,6 +369,9 @@ func (sess *session) recvLoop(seed uint64) {
 		switch out.Kind {
 		case record.OutCreated:
 			lw.id, lw.createdRev, lw.state = watchID, rev, wsOpen
+			if lw.req.StartRevision == 0 {
+				lw.countFrom = rev
+			}
 			signal = true
 		case record.OutCreateRejected:
 			signal = true
@@ -368,6 +380,7 @@ func (sess *session) recvLoop(seed uint64) {
 			if lastEv > lw.lastEv {
 				lw.lastEv = lastEv
 			}
+			lw.got += countAbove(evRevs, lw.countFrom)
 			if progress && rev > lw.lastProg {
 				lw.lastProg = rev
 			}
@@ -452,29 +465,35 @@ func (s *rawSlot) closedByServer(lw *lwatch, compactRev int64) func() {
 	}
 }
 
-// settled says whether every watch of the slot is open and a progress answer at >= rev came.
+// settled says whether every watch of the slot is open and has received as many events as etcd
+// wrote for it up to rev.
 func (s *rawSlot) settled(rev int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == nil {
 		return false
 	}
-	live := 0
-	for _, lw := range s.watches {
-		if lw.state != wsDropped {
-			live++
-		}
-	}
-	if live > 0 && s.cur.streamProg.Load() < rev {
-		return false
-	}
 	for _, lw := range s.watches {
 		switch lw.state {
 		case wsWant, wsPending, wsWaitRetry:
 			return false
+		case wsOpen:
+			if lw.got < s.l.gt.countMatching(&lw.req, lw.countFrom, rev) {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+func countAbove(revs []int64, from int64) int {
+	n := 0
+	for _, r := range revs {
+		if r > from {
+			n++
+		}
+	}
+	return n
 }
 
 // finish marks the open records at the end of the run and closes the stream.
@@ -484,7 +503,7 @@ func (s *rawSlot) finish(final int64) {
 	for _, lw := range s.watches {
 		if lw.state == wsOpen && lw.rec != nil && sess != nil {
 			lw.rec.OpenAtEnd = true
-			lw.rec.Drained = lw.lastProg >= final
+			lw.rec.Drained = lw.got >= s.l.gt.countMatching(&lw.req, lw.countFrom, final)
 		}
 	}
 	s.mu.Unlock()

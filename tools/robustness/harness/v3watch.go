@@ -40,6 +40,7 @@ type v3watch struct {
 	cancelled bool // by the load
 	resume    bool
 	dropped   bool
+	got       int // matching events of the current record (the drain waits for etcd's count)
 }
 
 func (w *v3watch) next() int64 {
@@ -63,7 +64,7 @@ func (s *v3Slot) start(ctx context.Context, w *v3watch, rev int64, startKind str
 	sr := l.rec.newStream(record.ClientV3, s.id, s.slow, l.targetName)
 	rec := l.rec.newWatch(sr.s.ID, req, w.kind, startKind, resumeOf)
 	s.mu.Lock()
-	w.req, w.sr, w.rec, w.open, w.cancelled, w.resume = req, sr, rec, true, false, false
+	w.req, w.sr, w.rec, w.open, w.cancelled, w.resume, w.got = req, sr, rec, true, false, false, 0
 	s.mu.Unlock()
 
 	opts := []clientv3.OpOption{clientv3.WithRev(rev), clientv3.WithCreatedNotify()}
@@ -125,6 +126,9 @@ func (s *v3Slot) read(ctx context.Context, w *v3watch, sr *streamRec, ch clientv
 		}
 		if last.IsProgressNotify() && last.Revision > w.lastProg {
 			w.lastProg = last.Revision
+		}
+		if sr == w.sr {
+			w.got += len(resp.Events)
 		}
 		s.mu.Unlock()
 		if s.slow && !l.draining.Load() {
@@ -191,7 +195,10 @@ func (s *v3Slot) settled(rev int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range s.watches {
-		if !w.dropped && (!w.open || w.lastProg < rev) {
+		if w.dropped {
+			continue
+		}
+		if !w.open || w.got < s.l.gt.countMatching(&w.req, w.req.StartRevision-1, rev) {
 			return false
 		}
 	}
@@ -204,7 +211,7 @@ func (s *v3Slot) finish(final int64) {
 	for _, w := range s.watches {
 		if w.open && !w.cancelled && w.rec != nil {
 			w.rec.OpenAtEnd = true
-			w.rec.Drained = w.lastProg >= final
+			w.rec.Drained = w.got >= s.l.gt.countMatching(&w.req, w.req.StartRevision-1, final)
 		}
 	}
 }
