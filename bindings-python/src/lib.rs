@@ -30,24 +30,24 @@ fn error_class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> 
     m.bind(py).getattr(name)
 }
 
-/// The exception for a client-facing status (400 → InvalidRequest, 410 → ResourceExpired, ...).
-fn status_error(py: Python<'_>, status: &Status) -> PyErr {
-    let class = match status.code() {
-        400 => "InvalidRequest",
+/// The exception class of a client-facing status code (400 and 422 → InvalidRequest, 410 →
+/// ResourceExpired, ...).
+fn status_class(code: u16) -> &'static str {
+    match code {
+        400 | 422 => "InvalidRequest",
         404 => "NotFound",
         410 => "ResourceExpired",
         504 => "TooLargeResourceVersion",
         429 | 503 => "NotReady",
         _ => "WatchCacheError",
-    };
-    make_error(
-        py,
-        class,
-        status.code(),
-        status.reason.as_str(),
-        &status.message,
-        status.retry_after_s,
-    )
+    }
+}
+
+/// The exception for a client-facing status.
+fn status_error(py: Python<'_>, status: &Status) -> PyErr {
+    let code = status.code();
+    let reason = status.reason.as_str();
+    make_error(py, status_class(code), code, reason, &status.message, status.retry_after_s)
 }
 
 fn make_error(
@@ -581,12 +581,10 @@ impl Rejected {
     /// TooLargeResourceVersion, NotReady, or WatchCacheError).
     #[getter]
     fn error(&self, py: Python<'_>) -> Py<PyAny> {
-        let st = Status {
-            reason: reason_of(self.reason),
-            message: self.message.clone(),
-            retry_after_s: self.retry_after_s,
-        };
-        status_error(py, &st).into_value(py).into_any()
+        let (code, reason, retry) = (self.code, self.reason, self.retry_after_s);
+        make_error(py, status_class(code), code, reason, &self.message, retry)
+            .into_value(py)
+            .into_any()
     }
 }
 
@@ -595,25 +593,10 @@ impl WatchError {
     /// The typed exception for this error (ResourceExpired for 410, ...).
     #[getter]
     fn error(&self, py: Python<'_>) -> Py<PyAny> {
-        let st = Status {
-            reason: reason_of(self.reason),
-            message: self.message.clone(),
-            retry_after_s: self.retry_after_s,
-        };
-        status_error(py, &st).into_value(py).into_any()
-    }
-}
-
-fn reason_of(s: &str) -> cacher_core::Reason {
-    use cacher_core::Reason::*;
-    match s {
-        "BadRequest" => BadRequest,
-        "NotFound" => NotFound,
-        "Expired" => Expired,
-        "Timeout" => Timeout,
-        "TooManyRequests" => TooManyRequests,
-        "ServiceUnavailable" => ServiceUnavailable,
-        _ => InternalError,
+        let (code, reason, retry) = (self.code, self.reason, self.retry_after_s);
+        make_error(py, status_class(code), code, reason, &self.message, retry)
+            .into_value(py)
+            .into_any()
     }
 }
 

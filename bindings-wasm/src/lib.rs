@@ -44,7 +44,7 @@ fn js_error(
 
 fn status_name(code: u16) -> &'static str {
     match code {
-        400 => "InvalidRequest",
+        400 | 422 => "InvalidRequest",
         404 => "NotFound",
         410 => "ResourceExpired",
         504 => "TooLargeResourceVersion",
@@ -485,7 +485,7 @@ export type TxnChange = ["put", StorageObject] | ["delete", KeyInput];
 export type ConfigInteger = number | bigint | string;
 /** The cacher's configuration: the scenario's config fields (`null` counts as absent). */
 export interface CacherConfig {
-    profile?: "v1.30" | "v1.34" | "1.30" | "1.34" | null;
+    profile?: "v1.30" | "v1.34" | "v1.37" | "1.30" | "1.34" | "1.37" | null;
     capacity?: ConfigInteger | null;
     lower_bound_capacity?: ConfigInteger | null;
     upper_bound_capacity?: ConfigInteger | null;
@@ -509,6 +509,9 @@ export interface CacherConfig {
     list_from_cache_snapshot?: boolean | null;
     watch_from_storage_without_rv?: boolean | null;
     storage_supports_progress?: boolean | null;
+    consistent_list_skip_timeout_fallback?: boolean | null;
+    relist_delay_ms?: ConfigInteger | null;
+    resource_prefix?: string | null;
 }
 /**
  * The configuration in effect, as `Cacher.config()` returns it: every field of `CacherConfig`,
@@ -516,7 +519,7 @@ export interface CacherConfig {
  * only beyond 2^53); the seed is a BigInt.
  */
 export interface CacherConfigInfo {
-    profile: "v1.30" | "v1.34";
+    profile: "v1.30" | "v1.34" | "v1.37";
     capacity: number;
     lower_bound_capacity: number;
     upper_bound_capacity: number;
@@ -540,6 +543,9 @@ export interface CacherConfigInfo {
     list_from_cache_snapshot: boolean;
     watch_from_storage_without_rv: boolean;
     storage_supports_progress: boolean;
+    consistent_list_skip_timeout_fallback: boolean;
+    relist_delay_ms: number;
+    resource_prefix: string | null;
 }
 
 /** Options of `Cacher.startWatch` (`null` counts as absent). */

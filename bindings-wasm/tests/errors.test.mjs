@@ -22,7 +22,8 @@ test("bad requests are InvalidRequest 400", () => {
   throwsNamed(() => c.startWatch(1, "/pods/", { rv: "ten" }), "InvalidRequest", 400);
   throwsNamed(() => c.startWatch(1, "/pods/", { labelSelector: "a=b," }), "InvalidRequest", 400);
   throwsNamed(() => c.startWatch(1, "/b", { rangeEnd: "/a" }), "InvalidRequest", 400);
-  throwsNamed(() => c.list(1, "/pods/", { rv: "0", rvMatch: "Exact" }), "InvalidRequest", 400);
+  // List options that fail validation are 422 Invalid, as Kubernetes answers them.
+  throwsNamed(() => c.list(1, "/pods/", { rv: "0", rvMatch: "Exact" }), "InvalidRequest", 422);
 });
 
 test("wrong types are TypeErrors", () => {

@@ -27,7 +27,8 @@ class WatchCacheError(Exception):
 
 
 class InvalidRequest(WatchCacheError, ValueError):
-    """400: a malformed request (resourceVersion, selector, key, limit, continue token...)."""
+    """400 (a malformed request: resourceVersion, selector, key, continue token...) or 422
+    Invalid (list options that fail validation)."""
 
 
 class NotFound(WatchCacheError, LookupError):
