@@ -34,6 +34,101 @@ use crate::watcher::{Flow, Placement, Watcher};
 /// `compactorPollPeriod` (`compactor.go`, 1.33+).
 const COMPACTOR_POLL_MS: u64 = 15_000;
 
+/// The capacity of the dispatcher's `incoming` channel (`cacher.go`).
+const INCOMING_CAPACITY: usize = 100;
+
+/// How often the 1.31+ dispatch loop polls for the first list before it starts.
+const DISPATCHER_START_POLL_MS: u64 = 10;
+
+/// An item of the dispatcher's `incoming` channel.
+#[derive(Clone, Debug)]
+pub(crate) enum Incoming {
+    /// A storage event the watch cache took, and its index in the ring.
+    Event(Arc<Event>, u64),
+    /// A progress notify (a BOOKMARK the dispatcher does not fan out).
+    Progress(u64),
+}
+
+/// Storage input the reflector has not handed to the cache yet.
+#[derive(Clone, Debug)]
+pub(crate) enum Held {
+    /// A revision, and when it arrived (storage's decode time).
+    Revision { rv: u64, changes: Vec<Change>, at: Timestamp },
+    /// A progress notify.
+    Progress(u64),
+    /// The end of the storage watch.
+    Error(String),
+}
+
+/// The reflector's input not yet given to the cache, with what it will make of the cache, so
+/// that new input is checked against the cache as it will be.
+#[derive(Debug, Default)]
+pub(crate) struct Reflector {
+    held: VecDeque<Held>,
+    /// The RV the cache will have once it has taken everything held.
+    held_rv: Option<u64>,
+    /// Keys the held revisions create (true) or delete (false), with how many held revisions
+    /// touch each.
+    keys: BTreeMap<Key, (bool, usize)>,
+    /// A storage error is held: nothing more comes from this watch.
+    pub(crate) broken: bool,
+}
+
+impl Reflector {
+    fn is_holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    fn rv(&self) -> Option<u64> {
+        self.held_rv
+    }
+
+    fn exists(&self, key: &[u8], store: &Store) -> bool {
+        match self.keys.get(key) {
+            Some((exists, _)) => *exists,
+            None => store.get(key).is_some(),
+        }
+    }
+
+    fn hold(&mut self, h: Held) {
+        match &h {
+            Held::Revision { rv, changes, .. } => {
+                self.held_rv = Some(*rv);
+                for c in changes {
+                    let e = self.keys.entry(Key::new(c.key())).or_insert((false, 0));
+                    *e = (matches!(c, Change::Put(_)), e.1 + 1);
+                }
+            }
+            Held::Progress(rv) => self.held_rv = Some(*rv),
+            Held::Error(_) => self.broken = true,
+        }
+        self.held.push_back(h);
+    }
+
+    fn next(&mut self) -> Option<Held> {
+        let h = self.held.pop_front()?;
+        if let Held::Revision { changes, .. } = &h {
+            for c in changes {
+                if let Some(e) = self.keys.get_mut(c.key()) {
+                    e.1 -= 1;
+                    if e.1 == 0 {
+                        self.keys.remove(c.key());
+                    }
+                }
+            }
+        }
+        if self.held.is_empty() {
+            self.held_rv = None;
+            self.broken = false;
+        }
+        Some(h)
+    }
+
+    fn clear(&mut self) {
+        *self = Reflector::default();
+    }
+}
+
 /// One change of a storage revision.
 #[derive(Clone, Debug)]
 pub enum Change {
@@ -72,6 +167,8 @@ pub enum TimerReason {
     Relist,
     /// The compactor reads storage's compaction revision (every 15 s, with snapshots).
     CompactorPoll,
+    /// 1.31+: the dispatch loop's 10 ms poll for the first list finds it and starts.
+    DispatcherStart,
 }
 
 impl TimerReason {
@@ -86,6 +183,7 @@ impl TimerReason {
             TimerReason::RequestTimeout => "request_timeout",
             TimerReason::Relist => "relist",
             TimerReason::CompactorPoll => "compactor_poll",
+            TimerReason::DispatcherStart => "dispatcher_start",
         }
     }
 }
@@ -358,6 +456,24 @@ pub struct Cacher {
     pub(crate) metrics: Metrics,
     /// A relist due after the storage watch broke: when, and why.
     pub(crate) relist_due: Option<(Timestamp, String)>,
+    /// The dispatcher's `incoming` channel: events (and progress RVs) the watch cache took
+    /// and dispatch has not reached yet.
+    pub(crate) incoming: VecDeque<Incoming>,
+    /// Storage input the reflector holds while `incoming` is full.
+    pub(crate) reflector: Reflector,
+    /// The dispatcher waits inside `dispatchEvent` for a blocked watcher.
+    pub(crate) stall: Option<crate::dispatch::Stall>,
+    /// A dispatch tick came while the dispatcher was busy: it runs when it is free.
+    pub(crate) tick_pending: bool,
+    /// The dispatch loop runs (1.31+: only from the first 10 ms poll after the first list).
+    pub(crate) dispatcher_started: bool,
+    pub(crate) dispatcher_start_at: Option<Timestamp>,
+    /// Guards [`Cacher::pump`] against running inside itself.
+    pub(crate) pumping: bool,
+    /// The RV of the last event dispatched (its revision may still have events in `incoming`).
+    pub(crate) last_dispatched_rv: Option<u64>,
+    /// The ring index after the last event dispatched: a lagging watcher replays up to it.
+    pub(crate) dispatched_end: u64,
 }
 
 impl Cacher {
@@ -411,6 +527,15 @@ impl Cacher {
             outputs: VecDeque::new(),
             metrics: Metrics::default(),
             relist_due: None,
+            incoming: VecDeque::new(),
+            reflector: Reflector::default(),
+            stall: None,
+            tick_pending: false,
+            dispatcher_started: !cfg_v134,
+            dispatcher_start_at: None,
+            pumping: false,
+            last_dispatched_rv: None,
+            dispatched_end: 0,
         };
         c.arm_tick(now);
         if c.store.snapshots_enabled() {
@@ -463,13 +588,18 @@ impl Cacher {
             self.clear_timer(at, TimerReason::Relist, 0);
         }
         self.terminate_all(CloseCause::Reinitializing, None);
+        // Storage input held behind a full `incoming` channel belonged to the watch this list
+        // replaces.
+        self.reflector.clear();
         self.ring.reset();
         self.store.replace(objs, rv);
         self.list_rv = rv;
         self.rv = rv;
-        if self.cfg.profile.is_v1_34() && self.last_processed_rv == 0 {
-            // 1.31+: the dispatcher seeds its bookmark RV from the first list.
-            self.last_processed_rv = rv;
+        if !self.dispatcher_started && self.dispatcher_start_at.is_none() {
+            // 1.31+: the dispatch loop polls every 10 ms for the first list before it starts.
+            let at = self.next_grid_point(now, DISPATCHER_START_POLL_MS);
+            self.dispatcher_start_at = Some(at);
+            self.set_timer(at, TimerReason::DispatcherStart, 0);
         }
         self.metrics.initializations += 1;
         let opened = self.ready.set_ready(now);
@@ -500,6 +630,12 @@ impl Cacher {
     /// Every change of one storage revision at once (an etcd watch response carries whole
     /// revisions; a multi-key transaction is one revision). Readers and new watches never see
     /// part of a revision. Objects with RV 0 take `rv`.
+    ///
+    /// The watch cache takes it at once and hands its events to the dispatcher's `incoming`
+    /// channel (100 events, `cacher.go`); while dispatch is held up (a blocked watcher, see
+    /// [`Config::non_blocking_dispatch`], or the 1.31+ dispatcher not started yet) they wait
+    /// there, and once it is full the reflector stops too: later storage input is held, in
+    /// order, and the cache takes it as the channel drains.
     pub fn handle_revision(
         &mut self,
         now: Timestamp,
@@ -507,13 +643,10 @@ impl Cacher {
         changes: Vec<Change>,
     ) -> Result<(), StorageError> {
         self.advance(now);
-        match self.ready.state() {
-            ReadyState::Stopped => return Err(StorageError::Stopped),
-            ReadyState::Pending => return Err(StorageError::NotInitialized),
-            ReadyState::Ready => {}
-        }
-        if rv <= self.rv {
-            return Err(StorageError::RvWentBack { rv, current: self.rv });
+        self.check_storage_input()?;
+        let current = self.reflector.rv().unwrap_or(self.rv);
+        if rv <= current {
+            return Err(StorageError::RvWentBack { rv, current });
         }
         if changes.is_empty() {
             return Err(StorageError::EmptyRevision(rv));
@@ -529,35 +662,18 @@ impl Cacher {
                 Change::Put(o) if o.rv() != rv && o.rv() != 0 => {
                     return Err(StorageError::RvMismatch { event_rv: rv, object_rv: o.rv() });
                 }
-                Change::Delete(k) if self.store.get(k.as_bytes()).is_none() => {
+                Change::Delete(k) if !self.reflector.exists(k.as_bytes(), &self.store) => {
                     return Err(StorageError::UnknownKey(display_key(k.as_bytes())));
                 }
                 _ => {}
             }
         }
-        let n = changes.len() as u64;
-        for change in changes {
-            let event = match change {
-                Change::Put(o) => {
-                    let prev = self.store.get(o.key()).cloned();
-                    let mut o = if o.rv() == 0 { o.with_rv(rv) } else { o };
-                    o.set_etcd_meta_if_unknown(prev.as_deref());
-                    let o = Arc::new(o);
-                    self.store.put(o.clone());
-                    Event::put(o, prev, now)
-                }
-                Change::Delete(k) => {
-                    // Checked above: the key is present.
-                    let Some(prev) = self.store.delete(k.as_bytes()) else { continue };
-                    Event::delete(rv, prev, now)
-                }
-            };
-            self.record_event(Arc::new(event), now);
+        if self.reflector_blocked() {
+            self.reflector.hold(Held::Revision { rv, changes, at: now });
+            return Ok(());
         }
-        self.rv = rv;
-        self.store.snapshot(rv);
-        self.last_processed_rv = rv;
-        self.metrics.events_dispatched += n;
+        self.apply_revision(rv, changes, now);
+        self.pump();
         self.wake_fresh_waiters();
         Ok(())
     }
@@ -566,17 +682,17 @@ impl Cacher {
     /// nothing is fanned out, but the next periodic bookmark carries it.
     pub fn handle_progress(&mut self, now: Timestamp, rv: u64) -> Result<(), StorageError> {
         self.advance(now);
-        match self.ready.state() {
-            ReadyState::Stopped => return Err(StorageError::Stopped),
-            ReadyState::Pending => return Err(StorageError::NotInitialized),
-            ReadyState::Ready => {}
+        self.check_storage_input()?;
+        let current = self.reflector.rv().unwrap_or(self.rv);
+        if rv < current {
+            return Err(StorageError::RvWentBack { rv, current });
         }
-        if rv < self.rv {
-            return Err(StorageError::RvWentBack { rv, current: self.rv });
+        if self.reflector_blocked() {
+            self.reflector.hold(Held::Progress(rv));
+            return Ok(());
         }
-        self.rv = rv;
-        self.last_processed_rv = self.last_processed_rv.max(rv);
-        self.metrics.events_dispatched += 1;
+        self.apply_progress(rv);
+        self.pump();
         self.wake_fresh_waiters();
         Ok(())
     }
@@ -591,6 +707,17 @@ impl Cacher {
         if self.ready.state() == ReadyState::Stopped || self.relist_due.is_some() {
             return;
         }
+        if self.reflector.is_holding() {
+            // The reflector reaches the end of its watch after what it still holds.
+            if !self.reflector.broken {
+                self.reflector.hold(Held::Error(String::from(reason)));
+            }
+            return;
+        }
+        self.apply_storage_error(now, reason);
+    }
+
+    fn apply_storage_error(&mut self, now: Timestamp, reason: &str) {
         self.ready.set_pending(now, Some(String::from(reason)));
         if self.cfg.relist_delay_ms == 0 {
             self.relist(String::from(reason));
@@ -652,6 +779,11 @@ impl Cacher {
         self.progress_at = None;
         self.progress_active = false;
         self.relist_due = None;
+        self.incoming.clear();
+        self.reflector.clear();
+        self.stall = None;
+        self.tick_pending = false;
+        self.dispatcher_start_at = None;
     }
 
     // ----- polls ----------------------------------------------------------------------------
@@ -683,6 +815,7 @@ impl Cacher {
                 TimerReason::SlowWatcherBudget => self.on_batch_deadline(id),
                 TimerReason::RequestTimeout => self.on_request_timeout(RequestId(id)),
                 TimerReason::CompactorPoll => self.on_compactor_poll(now),
+                TimerReason::DispatcherStart => self.on_dispatcher_start(),
                 TimerReason::Relist => {
                     if let Some((_, reason)) = self.relist_due.take() {
                         self.relist(reason);
@@ -936,7 +1069,8 @@ impl Cacher {
         }
     }
 
-    /// `processEvent` after the store mutation: ring (resizing, eviction), dispatch.
+    /// `processEvent` after the store mutation: ring (resizing, eviction), then the
+    /// dispatcher's `incoming` channel.
     fn record_event(&mut self, event: Arc<Event>, now: Timestamp) {
         self.metrics.events_received += 1;
         let effects = self.ring.push(event.clone(), now);
@@ -954,7 +1088,144 @@ impl Cacher {
             }
         }
         let _ = effects.evicted;
-        self.dispatch(&event);
+        let index = self.ring.end_index().saturating_sub(1);
+        self.incoming.push_back(Incoming::Event(event, index));
+    }
+
+    /// The watch cache takes one revision (`processEvent` for each of its events): store, ring,
+    /// resourceVersion, and its events into `incoming`. `record_time` dates the events for the
+    /// ring's resizing: when storage decoded them in v1.37 (`WatchEventWithRecordTime`), when
+    /// the cache took them before.
+    fn apply_revision(&mut self, rv: u64, changes: Vec<Change>, record_time: Timestamp) {
+        for change in changes {
+            let event = match change {
+                Change::Put(o) => {
+                    let prev = self.store.get(o.key()).cloned();
+                    let mut o = if o.rv() == 0 { o.with_rv(rv) } else { o };
+                    o.set_etcd_meta_if_unknown(prev.as_deref());
+                    let o = Arc::new(o);
+                    self.store.put(o.clone());
+                    Event::put(o, prev, record_time)
+                }
+                Change::Delete(k) => {
+                    // Checked when it arrived: the key is present.
+                    let Some(prev) = self.store.delete(k.as_bytes()) else { continue };
+                    Event::delete(rv, prev, record_time)
+                }
+            };
+            self.record_event(Arc::new(event), record_time);
+        }
+        self.rv = rv;
+        self.store.snapshot(rv);
+    }
+
+    /// `UpdateResourceVersion`: the cache RV, and a bookmark into `incoming`.
+    fn apply_progress(&mut self, rv: u64) {
+        self.rv = rv;
+        self.incoming.push_back(Incoming::Progress(rv));
+    }
+
+    fn check_storage_input(&self) -> Result<(), StorageError> {
+        match self.ready.state() {
+            ReadyState::Stopped => Err(StorageError::Stopped),
+            ReadyState::Pending => Err(StorageError::NotInitialized),
+            ReadyState::Ready if self.reflector.broken => Err(StorageError::NotInitialized),
+            ReadyState::Ready => Ok(()),
+        }
+    }
+
+    /// The reflector is stuck in the event handler: `incoming` is full (one event in its hand
+    /// beyond the channel's 100), or it still holds older input.
+    fn reflector_blocked(&self) -> bool {
+        self.reflector.is_holding() || self.incoming.len() > INCOMING_CAPACITY
+    }
+
+    /// The dispatch loop, as far as it can go: it takes the pending tick and the events of
+    /// `incoming` until a blocked watcher holds it up; as `incoming` drains, the reflector
+    /// hands the cache what it held.
+    pub(crate) fn pump(&mut self) {
+        if self.pumping {
+            return;
+        }
+        self.pumping = true;
+        let mut woke = false;
+        loop {
+            while self.incoming.len() <= INCOMING_CAPACITY {
+                let Some(held) = self.reflector.next() else { break };
+                woke = true;
+                match held {
+                    Held::Revision { rv, changes, at } => {
+                        let time = if self.cfg.profile.is_v1_37() { at } else { self.now };
+                        self.apply_revision(rv, changes, time);
+                    }
+                    Held::Progress(rv) => self.apply_progress(rv),
+                    Held::Error(reason) => {
+                        let now = self.now;
+                        self.apply_storage_error(now, &reason);
+                    }
+                }
+            }
+            if !self.dispatcher_free() {
+                break;
+            }
+            // Between revisions only: a bookmark never comes between the events of one (Go's
+            // select could take the tick there; taking the events first is one of its orders).
+            let mid_revision = matches!((self.incoming.front(), self.last_dispatched_rv),
+                (Some(Incoming::Event(next, _)), Some(rv)) if next.rv() == rv);
+            if self.tick_pending && !mid_revision {
+                self.tick_pending = false;
+                let now = self.now;
+                self.run_tick(now);
+                continue;
+            }
+            match self.incoming.pop_front() {
+                Some(Incoming::Event(ev, index)) => {
+                    self.dispatch(&ev, index);
+                    self.dispatched_end = self.dispatched_end.max(index + 1);
+                    self.last_dispatched_rv = Some(ev.rv());
+                    self.metrics.events_dispatched += 1;
+                    let rest_of_revision = matches!(self.incoming.front(),
+                        Some(Incoming::Event(next, _)) if next.rv() == ev.rv());
+                    if !rest_of_revision {
+                        // The bookmark RV moves once the whole revision is dispatched.
+                        self.last_processed_rv = ev.rv();
+                    }
+                }
+                Some(Incoming::Progress(rv)) => {
+                    self.last_processed_rv = rv;
+                    self.metrics.events_dispatched += 1;
+                }
+                None => break,
+            }
+        }
+        self.pumping = false;
+        if woke {
+            self.wake_fresh_waiters();
+        }
+    }
+
+    /// Neither waiting in a blocked watcher's `add` nor before its start.
+    pub(crate) fn dispatcher_free(&self) -> bool {
+        self.dispatcher_started && self.stall.is_none()
+    }
+
+    fn on_dispatcher_start(&mut self) {
+        self.dispatcher_start_at = None;
+        if self.ready.state() == ReadyState::Stopped {
+            return;
+        }
+        self.dispatcher_started = true;
+        if self.last_processed_rv == 0 {
+            // 1.31+: the bookmark RV is seeded from the list the poll found.
+            self.last_processed_rv = self.list_rv;
+        }
+        self.pump();
+    }
+
+    /// The first point of the grid `created + k·period` (k ≥ 1) after `t`.
+    pub(crate) fn next_grid_point(&self, t: Timestamp, period: u64) -> Timestamp {
+        let k = t.ms_since(self.created) / period + 1;
+        self.created.add_ms(k.saturating_mul(period))
     }
 
     fn arm_tick(&mut self, now: Timestamp) {
@@ -969,6 +1240,16 @@ impl Cacher {
         if self.ready.state() == ReadyState::Stopped {
             return;
         }
+        if !self.dispatcher_free() {
+            // The timer's channel keeps the tick until the loop reads it again.
+            self.tick_pending = true;
+            return;
+        }
+        self.run_tick(now);
+    }
+
+    /// The loop reads the tick: bookmarks, and the timer re-armed from now.
+    pub(crate) fn run_tick(&mut self, now: Timestamp) {
         self.bookmark_tick(now);
         self.arm_tick(now);
     }

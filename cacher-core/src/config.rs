@@ -123,6 +123,13 @@ pub struct Config {
     /// read that times out waiting for the cache is answered 429 "Timeout: Too large resource
     /// version" with Retry-After 1 instead of being sent to storage.
     pub consistent_list_skip_timeout_fallback: bool,
+    /// An improvement over Kubernetes, off in every profile: a watcher whose queue is full does
+    /// not stall the dispatch of later events to every other watcher. In Kubernetes
+    /// (`cacher.go` `dispatchEvent`, `cache_watcher.go` `add`) the one dispatch goroutine waits
+    /// for a blocked watcher, up to the time budget, before it dispatches anything else
+    /// (kubernetes#141450); with this on, the event waits for that watcher alone, within the
+    /// same budget, and later events go on to the others at once.
+    pub non_blocking_dispatch: bool,
     /// How long the cacher waits after its storage watch broke before it ends every watch and
     /// relists (`wait.Until(startCaching, 1s)` in `cacher.go`: 1 s in every profile). Until
     /// then the gate is closed and the old watches stay open.
@@ -169,6 +176,7 @@ impl Config {
             watch_from_storage_without_rv: false,
             storage_supports_progress: true,
             consistent_list_skip_timeout_fallback: false,
+            non_blocking_dispatch: false,
             relist_delay_ms: 1000,
             resource_prefix: None,
         }
@@ -334,7 +342,7 @@ mod tests {
         assert_eq!(Profile::parse("v1.37").unwrap(), Profile::V1_37);
         for p in Profile::ALL {
             let c = Config::for_profile(p);
-            assert_eq!(c.relist_delay_ms, 1000, "{p:?}");
+            assert!(!c.non_blocking_dispatch && c.relist_delay_ms == 1000, "{p:?}");
             assert_eq!(Profile::parse(p.as_str()).unwrap(), p);
         }
     }

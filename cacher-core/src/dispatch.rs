@@ -4,11 +4,18 @@
 //! Kubernetes counterparts: `cacher.go`'s `dispatchEvents`, `startDispatching` (selecting
 //! watchers by scope and trigger value), `dispatchEvent` (non-blocking adds, then blocking adds
 //! against the shared budget timer, then `returnUnused`), `finishDispatching`, and the bookmark
-//! tick. Unlike Kubernetes, a blocked watcher does not hold up the others: the event waits for
-//! it alone, within the same budget, while dispatch moves on.
+//! tick.
+//!
+//! As in Kubernetes, a blocked watcher holds up the whole dispatch: the one dispatcher waits in
+//! `cacheWatcher.add` for each blocked watcher in turn, until it takes the event or the shared
+//! budget timer fires, and every later event (and the bookmark tick) waits in `incoming`
+//! meanwhile (kubernetes#141450). With [`crate::Config::non_blocking_dispatch`] (watchcache's
+//! improvement, off in every profile) the event waits for the blocked watcher alone, within the
+//! same budget, while dispatch moves on.
 
 use alloc::collections::VecDeque;
 use alloc::sync::Arc;
+use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::bookmarks::Slot;
@@ -23,7 +30,7 @@ impl Cacher {
     /// Fans `ev` out. Watchers that can take it now are listed in one [`Output::Fanout`];
     /// others get it queued; watchers with a full queue block (terminate policy) or fall
     /// behind (lag policy).
-    pub(crate) fn dispatch(&mut self, ev: &Arc<Event>) {
+    pub(crate) fn dispatch(&mut self, ev: &Arc<Event>, ring_index: u64) {
         let mut candidates = core::mem::take(&mut self.scratch_slots);
         candidates.clear();
         self.collect_candidates(ev, &mut candidates);
@@ -32,7 +39,6 @@ impl Cacher {
             return;
         }
         let rv = ev.rv();
-        let ring_index = self.ring.end_index().saturating_sub(1);
         let mut targets: Vec<Target> = Vec::with_capacity(candidates.len());
         let mut blocked: Vec<(Slot, WatchEvent)> = Vec::new();
         // Watchers of the same range share its keys' allocation: check each range once.
@@ -145,18 +151,38 @@ impl Cacher {
         for (slot, item) in blocked {
             if let Some(w) = self.slots[slot as usize].as_mut() {
                 members.push((slot, w.id));
-                let mut overflow = VecDeque::new();
-                overflow.push_back(item);
-                w.flow = Flow::Blocked { batch: batch_id, overflow };
+                w.flow = Flow::Blocked { batch: batch_id, overflow: VecDeque::from(vec![item]) };
             }
         }
-        self.batches.insert(batch_id, Batch { deadline, members });
         self.set_timer(deadline, TimerReason::SlowWatcherBudget, batch_id);
+        if self.cfg.non_blocking_dispatch {
+            self.batches.insert(batch_id, Batch { deadline, members });
+            return;
+        }
+        // The dispatcher itself now waits, on the first of them.
+        self.stall = Some(Stall {
+            id: batch_id,
+            deadline,
+            started: now,
+            taken_ms: taken,
+            members: members.into(),
+            front_gone: false,
+        });
     }
 
-    /// A blocked watcher made room (or went away): when the whole batch is done, the unused
-    /// time goes back to the budget (`returnUnused`).
+    /// A blocked watcher made room (or went away). Without a stall, when the whole batch is
+    /// done, the unused time goes back to the budget (`returnUnused`). In a stall, a watcher
+    /// that goes away does not release the dispatcher: `add` goes on waiting on its input
+    /// until the timer fires (its stop is deferred while dispatching).
     pub(crate) fn leave_batch(&mut self, batch: u64, slot: Slot, id: RequestId) {
+        if let Some(stall) = self.stall.as_mut().filter(|s| s.id == batch) {
+            if stall.members.front() == Some(&(slot, id)) {
+                stall.front_gone = true;
+            } else {
+                stall.members.retain(|&(s, i)| !(s == slot && i == id));
+            }
+            return;
+        }
         let Some(b) = self.batches.get_mut(&batch) else { return };
         b.members.retain(|&(s, i)| !(s == slot && i == id));
         if b.members.is_empty() {
@@ -167,8 +193,80 @@ impl Cacher {
         }
     }
 
-    /// The budget is spent: watchers of the batch still blocked are closed.
+    /// True if `slot` is the watcher the stalled dispatcher is waiting on.
+    pub(crate) fn is_stall_front(&self, batch: u64, slot: Slot, id: RequestId) -> bool {
+        self.stall.as_ref().is_some_and(|s| {
+            s.id == batch && !s.front_gone && s.members.front() == Some(&(slot, id))
+        })
+    }
+
+    /// The watcher the dispatcher waited on took the event: `add` returns, and the next blocked
+    /// watchers are tried in turn (each takes it if it has room, else the dispatcher waits on
+    /// it); when none is left, dispatch goes on and the unused budget is returned.
+    pub(crate) fn advance_stall(&mut self) {
+        let Some(stall) = self.stall.as_mut() else { return };
+        stall.members.pop_front();
+        while let Some(&(slot, id)) = self.stall.as_ref().and_then(|s| s.members.front()) {
+            if !self.offer_blocked_item(slot, id) {
+                return;
+            }
+            if let Some(s) = self.stall.as_mut() {
+                s.members.pop_front();
+            }
+        }
+        if let Some(s) = self.stall.take() {
+            self.clear_timer(s.deadline, TimerReason::SlowWatcherBudget, s.id);
+            let used = self.now.ms_since(s.started);
+            self.budget.return_unused(s.taken_ms.saturating_sub(used));
+        }
+    }
+
+    /// A blocked watcher's pending item goes into its queue if there is room.
+    pub(crate) fn offer_blocked_item(&mut self, slot: Slot, id: RequestId) -> bool {
+        let Some(w) = self.slots[slot as usize].as_mut().filter(|w| w.id == id) else {
+            return true;
+        };
+        let cap = w.live_capacity();
+        let Flow::Blocked { overflow, .. } = &mut w.flow else { return true };
+        let Some(ev) = overflow.front() else { return true };
+        let rv = ev.storage_rv().unwrap_or(0);
+        let room = w.queue.len() < cap
+            || (rv == w.last_queued_rv
+                && w.queue.back().and_then(WatchEvent::storage_rv) == Some(rv));
+        if !room {
+            return false;
+        }
+        let items = core::mem::take(overflow);
+        for ev in items {
+            w.last_queued_rv = ev.storage_rv().unwrap_or(w.last_queued_rv);
+            w.queue.push_back(ev);
+        }
+        w.flow = Flow::Active;
+        true
+    }
+
+    /// The budget is spent: watchers of the batch still blocked are closed. In a stall, the
+    /// one the dispatcher waited on is closed, and each later one takes the event if it has
+    /// room by now, else is closed at once (`add` with a nil timer); then dispatch goes on.
     pub(crate) fn on_batch_deadline(&mut self, batch: u64) {
+        if self.stall.as_ref().is_some_and(|s| s.id == batch) {
+            let Some(stall) = self.stall.take() else { return };
+            let mut first = true;
+            for (slot, id) in stall.members {
+                let waited_on = core::mem::take(&mut first);
+                let live = self.slots[slot as usize].as_ref().is_some_and(|w| {
+                    w.id == id && matches!(w.flow, Flow::Blocked { batch: bb, .. } if bb == batch)
+                });
+                if !live || (waited_on && stall.front_gone) {
+                    continue;
+                }
+                if waited_on || !self.offer_blocked_item(slot, id) {
+                    self.terminate_unresponsive(slot);
+                }
+            }
+            self.pump();
+            return;
+        }
         let Some(b) = self.batches.remove(&batch) else { return };
         for (slot, id) in b.members {
             let still_blocked = self.slots[slot as usize].as_ref().is_some_and(|w| {
@@ -230,4 +328,18 @@ impl Cacher {
         self.metrics.bookmarks_sent += 1;
         self.outputs.push_back(Output::Deliver { watch: id, events: alloc::vec![item] });
     }
+}
+
+/// The dispatcher inside `dispatchEvent`'s blocking phase: it waits on the first blocked
+/// watcher until it takes the event or the budget timer fires; the others follow in turn.
+pub(crate) struct Stall {
+    /// The batch id in the members' [`Flow::Blocked`].
+    pub id: u64,
+    pub deadline: Timestamp,
+    pub started: Timestamp,
+    pub taken_ms: u64,
+    /// The blocked watchers still to be given the event, the one waited on first.
+    pub members: VecDeque<(Slot, RequestId)>,
+    /// The one waited on went away: `add` waits on until the timer fires.
+    pub front_gone: bool,
 }

@@ -353,6 +353,8 @@ impl Cacher {
             chan_size,
             queue_cap,
             queue: VecDeque::new(),
+            settled: 0,
+            in_release: false,
             initial: None,
             flow: Flow::Active,
             placement,
@@ -518,9 +520,10 @@ impl Cacher {
     /// graceful, i.e. the initial-events-end bookmark is queued but unread).
     pub(crate) fn terminate_unresponsive(&mut self, slot: Slot) {
         self.metrics.terminated_watchers += 1;
-        let graceful = self.slots[slot as usize]
-            .as_ref()
-            .is_some_and(|w| w.bookmark_state == BookmarkState::Received);
+        let graceful = self.slots[slot as usize].as_mut().is_some_and(|w| {
+            w.settle_result_channel();
+            w.bookmark_state == BookmarkState::Received
+        });
         self.stop_input(slot, CloseCause::Unresponsive, None, !graceful);
     }
 
@@ -569,6 +572,7 @@ impl Cacher {
                 // Live events were still in the input channel: they are lost.
                 w.end_bookmark = None;
                 w.queue.clear();
+                w.settled = 0;
             } else {
                 let mut room = keep - used;
                 if w.end_bookmark.is_some() {
@@ -579,6 +583,7 @@ impl Cacher {
                     }
                 }
                 w.queue.truncate(room);
+                w.settled = w.settled.min(w.queue.len());
             }
         }
         self.finish_if_drained(slot);
@@ -631,8 +636,41 @@ impl Cacher {
 
     /// Delivers up to `max` items (initial events, the end bookmark, then the queue), refills
     /// the queue from a blocked watcher's overflow or a lagging watcher's ring position, and
-    /// ends a drained watcher. Returns how many items were delivered.
+    /// ends a drained watcher. If reading frees the dispatcher (it was waiting on this
+    /// watcher), the events it then dispatches are read too, as a client that keeps reading
+    /// gets them. Returns how many items were delivered.
     pub(crate) fn release(&mut self, slot: Slot, max: u64) -> usize {
+        let Some(id) = self.slots[slot as usize].as_ref().map(|w| w.id) else { return 0 };
+        let mut total = 0usize;
+        loop {
+            total += self.release_once(slot, max.saturating_sub(total as u64));
+            if !self.dispatch_waiting() {
+                return total;
+            }
+            // The dispatcher is free again: it runs now. This watcher's events wait in its queue
+            // meanwhile, so none overtakes what it was just given (nor spends its credit).
+            if let Some(w) = self.slots[slot as usize].as_mut().filter(|w| w.id == id) {
+                w.in_release = true;
+            }
+            self.pump();
+            let Some(w) = self.slots[slot as usize].as_mut().filter(|w| w.id == id) else {
+                return total;
+            };
+            w.in_release = false;
+            if total as u64 >= max
+                || (w.queue.is_empty() && !matches!(w.flow, Flow::Draining { .. }))
+            {
+                return total;
+            }
+        }
+    }
+
+    /// True if the dispatcher is free and has work (events in `incoming`, a tick, held input).
+    pub(crate) fn dispatch_waiting(&self) -> bool {
+        self.dispatcher_free() && (!self.incoming.is_empty() || self.tick_pending)
+    }
+
+    fn release_once(&mut self, slot: Slot, max: u64) -> usize {
         let id = match self.slots[slot as usize].as_ref() {
             Some(w) => w.id,
             None => return 0,
@@ -713,18 +751,13 @@ impl Cacher {
                 }
             }
             if let Some(rv) = w.end_bookmark.take() {
-                let ev = w.bookmark(rv);
+                // Converted right after the initial events, before anything else was sent.
+                let ev = WatchEvent::Bookmark { rv, initial_events_end: true };
                 w.note_sent(&ev);
                 out.push(ev);
                 continue;
             }
-            match w.queue.pop_front() {
-                Some(WatchEvent::Bookmark { rv, .. }) => {
-                    if let Some(ev) = w.bookmark_for_client(rv) {
-                        w.note_sent(&ev);
-                        out.push(ev);
-                    }
-                }
+            match w.pop_settled() {
                 Some(ev) => {
                     w.note_sent(&ev);
                     out.push(ev);
@@ -737,7 +770,23 @@ impl Cacher {
     /// Refills the queue from a blocked watcher's overflow or a lagging watcher's position.
     /// Returns true if anything moved.
     fn refill_queue(&mut self, slot: Slot) -> bool {
+        let blocked = self.slots[slot as usize].as_ref().and_then(|w| match w.flow {
+            Flow::Blocked { batch, .. } => Some((batch, w.id)),
+            _ => None,
+        });
+        if let Some((batch, id)) = blocked {
+            if self.stall.as_ref().is_some_and(|s| s.id == batch) {
+                // The stalled dispatcher gives the event to this watcher only when it is the one
+                // it waits on.
+                if !self.is_stall_front(batch, slot, id) || !self.offer_blocked_item(slot, id) {
+                    return false;
+                }
+                self.advance_stall();
+                return true;
+            }
+        }
         let now = self.now;
+        let dispatched_end = self.dispatched_end;
         let Cacher { slots, ring, .. } = self;
         let Some(w) = slots[slot as usize].as_mut() else { return false };
         let mut moved = false;
@@ -765,7 +814,8 @@ impl Cacher {
             }
             Flow::Lagging { next_index } => {
                 let mut idx = *next_index;
-                while idx < ring.end_index() {
+                // Only as far as dispatch has gone: later events reach it by dispatch.
+                while idx < dispatched_end {
                     let Some(ev) = ring.get(idx) else {
                         fell_out = Some(w.last_queued_rv.max(w.rv));
                         break;
@@ -782,7 +832,7 @@ impl Cacher {
                     }
                     idx += 1;
                 }
-                w.flow = if fell_out.is_none() && idx >= ring.end_index() {
+                w.flow = if fell_out.is_none() && idx >= dispatched_end {
                     Flow::Active
                 } else {
                     Flow::Lagging { next_index: idx }

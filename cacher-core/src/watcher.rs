@@ -36,7 +36,7 @@ pub(crate) enum BookmarkState {
     Sent,
     /// Waiting for a bookmark at or after the bookmark-after RV.
     Waiting,
-    /// Such a bookmark is queued but not yet read by the client.
+    /// Such a bookmark is in the input channel, not yet in the result channel.
     Received,
 }
 
@@ -74,6 +74,11 @@ pub(crate) struct Watcher {
     pub chan_size: usize,
     pub queue_cap: usize,
     pub queue: VecDeque<WatchEvent>,
+    /// How many of the queue's first items have reached the result channel (bookmarks among
+    /// them already filtered and annotated): see [`Watcher::settle_result_channel`].
+    pub settled: usize,
+    /// Being read by its client right now: events wait in the queue, behind what it is given.
+    pub in_release: bool,
     pub initial: Option<Box<Initial>>,
     pub flow: Flow,
     pub placement: Placement,
@@ -130,6 +135,7 @@ impl Watcher {
     #[inline]
     pub(crate) fn can_take_directly_at(&self, rv: u64) -> bool {
         (self.credit > 0 || (rv != 0 && rv == self.last_sent_rv))
+            && !self.in_release
             && self.queue.is_empty()
             && self.initial.is_none()
             && self.end_bookmark.is_none()
@@ -177,6 +183,54 @@ impl Watcher {
         }
     }
 
+    /// Moves what the watcher's goroutine has moved: the queue stands for the result channel
+    /// (`chan_size` items, after any initial events still to send and the 1.32+ end bookmark),
+    /// then the input channel. A bookmark reaching the result channel is decided there: `process`
+    /// drops it or `convertToWatchEvent` annotates it, and the initial-events end counts as sent
+    /// from then on (`markBookmarkAfterRvSent`, cache_watcher.go) — not when the client reads
+    /// it, so a slow client's watcher is no longer closed gracefully once it is there.
+    pub(crate) fn settle_result_channel(&mut self) {
+        let mut ahead = self
+            .initial
+            .as_ref()
+            .map_or(0, |i| i.pending_at_least(self.chan_size).max(i.buffer.len()));
+        if self.end_bookmark.is_some() {
+            if ahead < self.chan_size {
+                // The end bookmark itself went into the result channel after the initial events.
+                self.bookmark_state = BookmarkState::Sent;
+            }
+            ahead += 1;
+        }
+        let limit = self.chan_size.saturating_sub(ahead);
+        while self.settled < self.queue.len() && self.settled < limit {
+            if let WatchEvent::Bookmark { rv, .. } = self.queue[self.settled] {
+                match self.bookmark_for_client(rv) {
+                    Some(item) => {
+                        if self.bookmark_state != BookmarkState::Sent {
+                            self.bookmark_state = BookmarkState::Sent;
+                        }
+                        self.queue[self.settled] = item;
+                    }
+                    None => {
+                        self.queue.remove(self.settled);
+                        continue;
+                    }
+                }
+            }
+            self.settled += 1;
+        }
+    }
+
+    /// The queue's first item, as it leaves the result channel for the client.
+    pub(crate) fn pop_settled(&mut self) -> Option<WatchEvent> {
+        if self.settled == 0 {
+            self.settle_result_channel();
+        }
+        let item = self.queue.pop_front()?;
+        self.settled = self.settled.saturating_sub(1);
+        Some(item)
+    }
+
     /// A periodic bookmark as the client gets it, or `None` if `process`'s filter drops it
     /// (not newer than the watch's RV, unless the end marker is still owed).
     pub(crate) fn bookmark_for_client(&self, rv: u64) -> Option<WatchEvent> {
@@ -220,6 +274,8 @@ impl Watcher {
             chan_size: 10,
             queue_cap: 10,
             queue: VecDeque::new(),
+            settled: 0,
+            in_release: false,
             initial: None,
             flow: Flow::Active,
             placement: Placement::Scope { namespace: "".into(), name: "".into() },

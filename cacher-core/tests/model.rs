@@ -668,7 +668,18 @@ impl Harness {
             let mut changes = 0;
             let mut last_change_rv = 0;
             let mut end_markers = 0;
+            // 1.30 filters a watch from RV 0 without initial events by RV 0 (`processInterval`
+            // gets the required RV, 0), so events the cache took before the watch started but
+            // dispatch had not reached yet (held up by a blocked watcher) still reach it.
+            let stale_ok = self.c.config().profile == Profile::V1_30
+                && matches!(rec.spec.rv, RvChoice::Zero)
+                && rec.spec.sie == Some(false);
             for s in seen.iter().skip(1) {
+                if let (true, Seen::Change(_, _, rv)) = (stale_ok, s) {
+                    if *rv <= from && changes == 0 {
+                        continue;
+                    }
+                }
                 match s {
                     Seen::Initial(..) => {
                         assert_eq!(changes, 0, "{id}: initial event after a change: {seen:?}")
@@ -712,15 +723,20 @@ impl Harness {
                 }
             }
             assert!(end_markers <= 1, "{id}: {end_markers} initial-events-end bookmarks");
-            // Liveness: an open watch that reads everything has all events up to the cache RV.
+            // Liveness: an open watch that reads everything has all events up to what the
+            // dispatcher has reached (the cache RV, unless a blocked watcher or the 1.31+
+            // dispatcher's start holds dispatch up; a replay from the ring may be further on).
             let open = terminal.is_none();
             let reads_all = !rec.spec.manual;
             if open && reads_all && !final_check {
-                let due =
-                    expected.iter().filter(|(_, _, rv)| *rv <= self.c.resource_version()).count();
-                assert_eq!(
-                    changes, due,
-                    "{id}: an auto watch is missing events: {seen:?}\nexpected {expected:?}"
+                let cache_rv = self.c.resource_version();
+                let dispatched = cache_rv.min(self.c.last_processed_rv());
+                let due = expected.iter().filter(|(_, _, rv)| *rv <= dispatched).count();
+                let cached = expected.iter().filter(|(_, _, rv)| *rv <= cache_rv).count();
+                assert!(
+                    (due..=cached).contains(&changes),
+                    "{id}: an auto watch is missing events ({changes} of {due}..={cached}): \
+                     {seen:?}\nexpected {expected:?}"
                 );
             }
         }

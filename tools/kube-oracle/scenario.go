@@ -277,6 +277,7 @@ type config struct {
 	Gates                   map[string]bool // scenario gate name -> value
 	StorageSupportsProgress bool
 	RelistDelayMs           uint64
+	NonBlockingDispatch     bool
 	ResourcePrefix          string // "": the scenario's first path segment (scenarioPrefix)
 }
 
@@ -349,6 +350,7 @@ func parseConfig(c map[string]json.RawMessage, profileOverride string) (config, 
 	}
 	cfg.StorageSupportsProgress = boolOr(c, "storage_supports_progress", true)
 	cfg.ResourcePrefix = strOr(c, "resource_prefix", "")
+	cfg.NonBlockingDispatch = boolOr(c, "non_blocking_dispatch", false)
 	return cfg, nil
 }
 

@@ -137,6 +137,7 @@ pub const CONFIG_FIELDS: &[ConfigField] = &[
     flag!(watch_from_storage_without_rv),
     flag!(storage_supports_progress),
     flag!(consistent_list_skip_timeout_fallback),
+    flag!(non_blocking_dispatch),
     number!(relist_delay_ms, Size),
     ConfigField {
         name: "resource_prefix",
@@ -230,7 +231,7 @@ mod tests {
             };
             obj.insert(name.into(), j);
         }
-        assert_eq!(obj.len(), 27);
+        assert_eq!(obj.len(), 28);
         let back = parse_config(&Value::Object(obj), "config").unwrap();
         assert_eq!(config_fields(&back), config_fields(&c));
     }
