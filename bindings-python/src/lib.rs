@@ -1113,11 +1113,13 @@ impl Cacher {
 
     // --- client commands
 
-    /// Starts a watch; returns its id. Bad options raise InvalidRequest.
+    /// Starts a watch; returns its id. Bad options raise InvalidRequest. `request_layer=True`
+    /// applies the API server's request layer first, as scenario watches get it (with WatchList
+    /// on, an RV "" or "0" watch becomes a watch-list); the default is the cacher alone.
     #[pyo3(signature = (now_ms, key, *, recursive = true, range_end = None, rv = None,
         send_initial_events = None, allow_bookmarks = false, label_selector = "",
         field_selector = "", timeout_ms = None, consume = "auto", slow_policy = "terminate",
-        queue_capacity = None))]
+        queue_capacity = None, request_layer = false))]
     #[allow(clippy::too_many_arguments)]
     fn start_watch(
         &mut self,
@@ -1135,6 +1137,7 @@ impl Cacher {
         consume: &str,
         slow_policy: &str,
         queue_capacity: Option<usize>,
+        request_layer: bool,
     ) -> PyResult<u64> {
         let key = bytes_of("key", key)?;
         let keys = match range_end {
@@ -1164,7 +1167,10 @@ impl Cacher {
                 .map_err(|m| PyValueError::new_err(format!("slow_policy: {m}")))?,
             queue_capacity,
         };
-        let req = spec.to_request().map_err(|st| status_error(py, &st))?;
+        let mut req = spec.to_request().map_err(|st| status_error(py, &st))?;
+        if request_layer {
+            req = self.driver.through_request_layer(req).map_err(|st| status_error(py, &st))?;
+        }
         self.step(py, now_ms)?;
         let id = self.driver.start_watch(req).map_err(|st| status_error(py, &st))?;
         Ok(id.0)

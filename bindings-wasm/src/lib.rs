@@ -566,6 +566,11 @@ export interface WatchOptions {
     /** What happens to a watcher whose queue is full (default `"terminate"`). */
     slowPolicy?: "terminate" | "lag" | null;
     queueCapacity?: number | bigint | string | null;
+    /**
+     * Apply the API server's request layer first, as scenario watches get it (with WatchList
+     * on, an RV "" or "0" watch becomes a watch-list); default false: the cacher alone.
+     */
+    requestLayer?: boolean | null;
 }
 /** Options of `Cacher.list` (`null` counts as absent). */
 export interface ListOptions {
@@ -1301,7 +1306,7 @@ impl Cacher {
 
     /// Starts a watch and returns its id. `options`: `{recursive, rangeEnd, rv,
     /// sendInitialEvents, allowBookmarks, labelSelector, fieldSelector, timeoutMs, consume
-    /// ("auto"|"manual"), slowPolicy ("terminate"|"lag"), queueCapacity}`.
+    /// ("auto"|"manual"), slowPolicy ("terminate"|"lag"), queueCapacity, requestLayer}`.
     #[wasm_bindgen(js_name = startWatch)]
     pub fn start_watch(
         &mut self,
@@ -1321,6 +1326,7 @@ impl Cacher {
             "consume",
             "slowPolicy",
             "queueCapacity",
+            "requestLayer",
         ];
         let o = Opts::new("options", &options, KNOWN)?;
         let key = bytes_arg("key", &key)?;
@@ -1353,7 +1359,10 @@ impl Cacher {
             },
             queue_capacity: o.u64("queueCapacity")?.map(|n| n as usize),
         };
-        let req = spec.to_request().map_err(|st| status_error(&st))?;
+        let mut req = spec.to_request().map_err(|st| status_error(&st))?;
+        if o.bool("requestLayer")?.unwrap_or(false) {
+            req = self.driver.through_request_layer(req).map_err(|st| status_error(&st))?;
+        }
         self.step(&now_ms)?;
         let id = self.driver.start_watch(req).map_err(|st| status_error(&st))?;
         Ok(id.0 as f64)

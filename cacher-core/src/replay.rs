@@ -201,10 +201,9 @@ impl Replayer {
             Op::Watch { id, spec } => {
                 self.claim(i, id)?;
                 // A scenario's watch is a request at the API server: its request layer first.
-                let watch_list = self.driver.cacher().config().watch_list;
                 let started = spec
                     .to_request()
-                    .and_then(|req| req.through_request_layer(watch_list))
+                    .and_then(|req| self.driver.through_request_layer(req))
                     .and_then(|req| self.driver.start_watch(req));
                 self.bind(id, started);
             }

@@ -186,6 +186,13 @@ impl Driver {
 
     // --- client commands, at the driver's time
 
+    /// The watch as the API server's request layer hands it to the cacher (see
+    /// [`WatchRequest::through_request_layer`]), with this cacher's WatchList gate: what the
+    /// replayer does to every scenario watch, and the bindings' `request_layer` option.
+    pub fn through_request_layer(&self, req: WatchRequest) -> Result<WatchRequest, Status> {
+        req.through_request_layer(self.cacher.config().watch_list)
+    }
+
     /// Starts a watch ([`WatchSpec::to_request`](super::WatchSpec::to_request) parses one).
     pub fn start_watch(&mut self, req: WatchRequest) -> Result<RequestId, Status> {
         let r = self.cacher.start_watch(self.now(), req);

@@ -64,6 +64,8 @@ function applyStep(c, step) {
           consume: step.consume,
           slowPolicy: step.slow_policy,
           queueCapacity: step.queue_capacity,
+          // A scenario's watch is a request at the API server, as in replay().
+          requestLayer: true,
         }),
       );
     case "list":
