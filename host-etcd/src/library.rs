@@ -218,16 +218,28 @@ pub async fn range_from_cache(
     if !status.ready || (q.revision > 0 && q.revision < status.compacted) {
         return None;
     }
+    // A linearizable read at a past revision: the data at that revision never changes, but
+    // etcd's header is its current revision, so the cache first catches up with etcd (the same
+    // freshness check as a read of the latest state) and answers with that header.
+    let mut fresh = 0;
+    if !q.serializable && q.revision > 0 {
+        let probe =
+            RangeRequest { range: q.range.clone(), revision: 0, linearizable: true, limit: 1 };
+        match cache.range(probe).await {
+            Ok(RangeOutcome::Cache(read)) => fresh = read.header_rv,
+            Ok(RangeOutcome::Storage { .. }) | Err(_) => return None,
+        }
+    }
     let req = RangeRequest {
         range: q.range.clone(),
         revision: q.revision,
-        linearizable: !q.serializable,
+        linearizable: !q.serializable && q.revision == 0,
         limit: q.limit,
     };
     match cache.range(req).await {
         Ok(RangeOutcome::Cache(read)) => Some(range_response(
             &read,
-            upstream.header(read.header_rv as i64),
+            upstream.header(read.header_rv.max(fresh) as i64),
             q.keys_only,
             q.count_only,
         )),

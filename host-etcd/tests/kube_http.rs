@@ -121,18 +121,19 @@ async fn lists_with_selectors_and_pages() {
         (status["kind"].as_str(), status["reason"].as_str(), status["code"].as_u64()),
         (Some("Status"), Some("NotFound"), Some(404))
     );
-    // Bad input: Kubernetes' 400s.
-    for q in [
-        "labelSelector=app%3D%3D%3Dx",
-        "resourceVersion=abc",
-        "resourceVersionMatch=Exact",
-        "limit=-1",
-        "watch=maybe",
+    // Bad input: Kubernetes' 400s, and its 422 for invalid ListOptions (get.go's
+    // ValidateListOptions).
+    for (q, code, reason) in [
+        ("labelSelector=app%3D%3D%3Dx", 400, "BadRequest"),
+        ("resourceVersion=abc", 400, "BadRequest"),
+        ("resourceVersionMatch=Exact", 422, "Invalid"),
+        ("limit=-1", 400, "BadRequest"),
+        ("watch=maybe", 400, "BadRequest"),
     ] {
         let r = reqwest::get(format!("{base}/kube/registry/pods/?{q}")).await.expect("request");
-        assert_eq!(r.status(), 400, "{q}");
+        assert_eq!(r.status(), code, "{q}");
         let s: Value = r.json().await.expect("json");
-        assert_eq!(s["reason"], "BadRequest", "{q}: {s}");
+        assert_eq!(s["reason"], reason, "{q}: {s}");
     }
 }
 

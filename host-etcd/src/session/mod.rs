@@ -337,6 +337,9 @@ struct Watch {
     vouched: u64,
     /// Events below this revision are never sent (the start revision).
     min_rev: u64,
+    /// The start revision the client asked for (0: now). etcd sends no progress notification,
+    /// periodic or requested, below it (`progressIfSync`: `rev < w.startRev`).
+    start_rev: u64,
     /// Started from "now" and the revision of "now" is not known yet.
     from_now: bool,
     /// `created` has been sent.
@@ -695,15 +698,15 @@ impl WatchSession {
     // ----- creation ---------------------------------------------------------------------------
 
     fn create(&mut self, mut spec: CreateSpec, requested_id: i64) {
-        // etcd's order of checks (`watchStream.Watch`): the range, then the id.
+        // etcd's order of checks (`v3rpc/watch.go`, then `watchStream.Watch`): a negative
+        // start, the range, then the id.
+        if spec.start_revision < 0 {
+            return self.reject_create(-1, ERR_COMPACTED);
+        }
         spec.range = match watch_key_range(&spec.key, &spec.range_end) {
             Ok(r) => r,
             Err(_) => return self.reject_create(-1, ERR_EMPTY_RANGE),
         };
-        if spec.start_revision < 0 {
-            // etcd hands it to the store, which refuses it as compacted.
-            return self.reject_create(-1, ERR_COMPACTED);
-        }
         // Watch id: the client's, or the next one (etcd's AutoWatchID = 0); never reused.
         let id = if requested_id != 0 {
             if self.watches.contains_key(&requested_id) {
@@ -726,6 +729,7 @@ impl WatchSession {
             delivered: start.saturating_sub(1),
             vouched: 0,
             min_rev: start,
+            start_rev: start,
             from_now: start == 0,
             announced: false,
             created: None,
@@ -1203,7 +1207,7 @@ impl WatchSession {
         }
         if r.events.is_empty() {
             // etcd's periodic progress notification for this watch.
-            if rev >= w.vouched && rev + 1 >= w.min_rev {
+            if rev >= w.vouched && rev >= w.start_rev {
                 w.delivered = w.delivered.max(rev);
                 w.vouched = rev;
                 w.events_since_tick = true;
@@ -1413,8 +1417,13 @@ impl WatchSession {
         let complete = !q.blocked
             && q.epoch == self.epoch
             && self.watches.iter().all(|(id, w)| w.doomed || q.frontiers.contains_key(id));
-        let floor =
+        let vouched =
             self.watches.values().map(|w| w.vouched).max().unwrap_or(0).max(self.stream_progress);
+        // etcd answers only once it has reached every watch's start revision (a watch on a
+        // future revision holds the answer back).
+        let start =
+            self.watches.values().filter(|w| !w.doomed).map(|w| w.start_rev).max().unwrap_or(0);
+        let floor = vouched.max(start);
         let rev = if self.watches.values().all(|w| w.doomed) {
             Some(self.best_rev.max(floor))
         } else if complete {
@@ -1425,13 +1434,15 @@ impl WatchSession {
         let Some(rev) = rev else {
             // Not yet: a cache behind the others is asked to catch up with etcd, and the
             // question is asked again soon (etcd itself answers once its watchers are synced).
-            if complete {
+            let lowest = q.frontiers.values().copied().min().unwrap_or(0);
+            let mut retry = self.cfg.progress_retry_ms;
+            if complete && lowest < vouched {
                 let lagging: BTreeSet<usize> = self
                     .watches
                     .iter()
                     .filter_map(|(id, w)| match w.source {
                         Source::Cache { cache, .. }
-                            if q.frontiers.get(id).is_some_and(|f| *f < floor) =>
+                            if q.frontiers.get(id).is_some_and(|f| *f < vouched) =>
                         {
                             Some(cache)
                         }
@@ -1442,8 +1453,11 @@ impl WatchSession {
                     self.outputs
                         .push_back(SessionOutput::Cache { cache, cmd: CacheCmd::RequestProgress });
                 }
+            } else if complete {
+                // Waiting for etcd to reach a watch's future start revision: nothing to hurry.
+                retry *= 5;
             }
-            self.progress_retry_at = Some(self.now.add_ms(self.cfg.progress_retry_ms));
+            self.progress_retry_at = Some(self.now.add_ms(retry));
             return;
         };
         self.progress_wanted = false;
@@ -1496,7 +1510,7 @@ impl WatchSession {
     /// revisions going up and is not below its start (etcd #20221).
     fn periodic_progress(&mut self, id: i64, rev: u64) {
         let Some(w) = self.watches.get_mut(&id) else { return };
-        if rev < w.vouched || rev + 1 < w.min_rev || !w.announced {
+        if rev < w.vouched || rev < w.start_rev || !w.announced {
             return;
         }
         w.vouched = rev;

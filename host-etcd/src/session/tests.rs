@@ -796,3 +796,33 @@ fn invalid_creates_are_refused_as_etcd_refuses_them() {
     w.pump();
     assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
 }
+
+/// Reliability finding (robustness run): etcd answers no progress request below a watch's
+/// start revision (`progressIfSync`: `rev < w.startRev`); clientv3 would otherwise resume such
+/// a watch from a revision it never asked for.
+#[test]
+fn a_future_watch_holds_progress_answers_back_until_its_start() {
+    let mut w = World::new(World::cfg());
+    w.watch_prefix(0);
+    w.watch_prefix(13);
+    w.pump();
+    w.take();
+    w.progress();
+    w.advance(600);
+    assert!(w.take().iter().all(|s| !matches!(s, Seen::Progress { .. })), "10 < 13: no answer yet");
+    w.write(&["/registry/x"]);
+    w.write(&["/registry/y"]);
+    let r = w.write(&["/registry/z"]);
+    assert_eq!(r, 13);
+    w.advance(600);
+    let seen = w.take();
+    let progress: Vec<u64> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Progress { id: -1, rev } => Some(*rev),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress, vec![13], "{seen:?}");
+    assert_eq!(World::revs_of(&seen, 1), vec![13]);
+}
