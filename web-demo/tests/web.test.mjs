@@ -280,14 +280,16 @@ test("playground: restart etcd closes the gate, terminates the watchers, relists
   await page.click("text=fast watcher");
   await page.click("#b-restart");
   await seeStage(page, { ready: "pending" });
-  await page.waitForSelector('[data-testid="lane-w1"][data-state="closed"]');
-  await see(page, lane(page, "w1"), /reinitializing/);
   await page.click("text=RV 0: state + stream");
   await see(page, lane(page, "w2"), /429 TooManyRequests/);
   await see(page, "#explain", /Retry-After/);
   await shot(page, "08-restart-etcd-429.png");
-  // etcd is back after 1.5 s; the reflector retries every 1 s: the relist happens at 2 s.
-  for (let i = 0; i < 2; i++) await page.click('[data-adv="1000"]');
+  // 1 s after the watch broke (wait.Until's period) the cacher terminates its watchers and
+  // asks for a relist; etcd is back after 1.5 s, so the reflector's retry lists at 2 s.
+  await page.click('[data-adv="1000"]');
+  await page.waitForSelector('[data-testid="lane-w1"][data-state="closed"]');
+  await see(page, lane(page, "w1"), /reinitializing/);
+  await page.click('[data-adv="1000"]');
   await seeStage(page, { ready: "ready" });
   await see(page, "#explain", /relisted/);
   await done(ctx);

@@ -262,9 +262,10 @@ export class Playground {
   hostDuties(outputs) {
     for (const o of outputs) {
       if (o.type === "RELIST" && !this.relistPending) {
-        // Kubernetes' reflector loop: startCaching is retried every second (wait.Until 1 s).
+        // The core asks once wait.Until's 1 s period has passed (relist_delay_ms): list now,
+        // or, while etcd is down, again every second.
         this.relistPending = true;
-        this.deferred.push({ at: this.now + 1000, kind: "relist" });
+        this.deferred.push({ at: this.now, kind: "relist" });
       } else if (o.type === "REQUEST_PROGRESS" && this.settings.progressAnswers && this.etcd.up) {
         // etcd answers a progress request on the watch stream a few ms later.
         if (!this.deferred.some((d) => d.kind === "progress")) this.deferred.push({ at: this.now + 20, kind: "progress" });
