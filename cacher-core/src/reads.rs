@@ -68,6 +68,16 @@ impl Cacher {
             Decision::Cache(plan) => plan,
         };
         let deadline = now.add_ms(self.cfg.request_timeout_ms);
+        let key_checked = |c: &mut Cacher, req: &ListRequest| -> bool {
+            // v1.37: `Cacher.GetList` checks the key before anything else it does.
+            match c.cfg.profile.is_v1_37().then(|| c.check_key(&req.range)) {
+                Some(Err(status)) => {
+                    c.outputs.push_back(Output::Rejected { request: id, status });
+                    false
+                }
+                _ => true,
+            }
+        };
         if self.cfg.resilient_initialization {
             if !self.ready.is_ready() {
                 if req.selector.is_empty() && req.limit > 0 {
@@ -75,7 +85,7 @@ impl Cacher {
                         id,
                         "cache not ready; a paginated list without selectors goes to storage",
                     );
-                } else {
+                } else if key_checked(self, &req) {
                     let status = self.not_ready_429(now);
                     self.outputs.push_back(Output::Rejected { request: id, status });
                 }
@@ -98,6 +108,9 @@ impl Cacher {
                 }
             }
         }
+        if !key_checked(self, &req) {
+            return Ok(id);
+        }
         self.list_after_ready(id, Box::new(req), plan, deadline);
         Ok(id)
     }
@@ -118,6 +131,13 @@ impl Cacher {
             if !self.ready.is_ready() {
                 self.delegate_get(id, "cache not ready; gets go to storage");
                 return Ok(id);
+            }
+            if self.cfg.profile.is_v1_37() {
+                let range = KeyRange::Exact(req.key.clone());
+                if let Err(status) = self.check_key(&range) {
+                    self.outputs.push_back(Output::Rejected { request: id, status });
+                    return Ok(id);
+                }
             }
         } else {
             match self.ready.state() {

@@ -214,3 +214,49 @@ pub struct RangeRequest {
     /// At most this many objects (0 = all).
     pub limit: u64,
 }
+
+/// v1.37's `storage.PrepareKey` (`pkg/storage/interfaces.go`), which the cacher applies to the
+/// key of every watch, list and get it serves: no `.` or `..` segment, not empty, and (recursive
+/// keys with a trailing `/`) under the resource prefix. The error is a plain one: the API server
+/// answers it 500 with no reason.
+pub(crate) fn prepare_key(
+    range: &crate::key::KeyRange,
+    resource_prefix: Option<&str>,
+) -> Result<(), Status> {
+    use crate::key::KeyRange;
+    use crate::status::{go_quote, Reason};
+    let (key, recursive) = match range {
+        KeyRange::Prefix(k) => (k, true),
+        KeyRange::Exact(k) => (k, false),
+        // etcd byte ranges have no Kubernetes counterpart.
+        KeyRange::Range { .. } => return Ok(()),
+    };
+    let key = crate::key::display_key(key.as_bytes());
+    let err = |m: String| Err(Status::new(Reason::Unknown, m));
+    let dotted = |d: &str| {
+        key == d
+            || key.starts_with(&alloc::format!("{d}/"))
+            || key.ends_with(&alloc::format!("/{d}"))
+            || key.contains(&alloc::format!("/{d}/"))
+    };
+    if dotted("..") || dotted(".") {
+        return err(alloc::format!("invalid key: {}", go_quote(&key)));
+    }
+    if key.is_empty() || key == "/" {
+        return err(alloc::format!("empty key: {}", go_quote(&key)));
+    }
+    let mut prepared = key;
+    if recursive && !prepared.ends_with('/') {
+        prepared.push('/');
+    }
+    if let Some(prefix) = resource_prefix {
+        if !prepared.starts_with(prefix) {
+            return err(alloc::format!(
+                "invalid key: {} lacks resource prefix: {}",
+                go_quote(&prepared),
+                go_quote(prefix)
+            ));
+        }
+    }
+    Ok(())
+}

@@ -44,6 +44,13 @@ impl Cacher {
             });
             return Ok(id);
         }
+        // v1.37: the cacher checks the key first (`Cacher.Watch` → `prepareKey`).
+        if self.cfg.profile.is_v1_37() {
+            if let Err(status) = self.check_key(&req.range) {
+                self.outputs.push_back(Output::Rejected { request: id, status });
+                return Ok(id);
+            }
+        }
         let deadline = req.timeout_ms.map(|t| now.add_ms(t));
         match self.ready.state() {
             ReadyState::Ready => {
@@ -392,6 +399,11 @@ impl Cacher {
             last_rv: 0,
             message: None,
         });
+    }
+
+    /// v1.37's key check ([`crate::request::prepare_key`]) with this cacher's resource prefix.
+    pub(crate) fn check_key(&self, range: &crate::key::KeyRange) -> Result<(), Status> {
+        crate::request::prepare_key(range, self.cfg.resource_prefix.as_deref())
     }
 
     /// The 429 of an unready cache. Since 1.33 the message carries the error ListAndWatch
