@@ -510,6 +510,7 @@ export interface CacherConfig {
     watch_from_storage_without_rv?: boolean | null;
     storage_supports_progress?: boolean | null;
     consistent_list_skip_timeout_fallback?: boolean | null;
+    non_blocking_dispatch?: boolean | null;
     relist_delay_ms?: ConfigInteger | null;
     resource_prefix?: string | null;
 }
@@ -544,6 +545,7 @@ export interface CacherConfigInfo {
     watch_from_storage_without_rv: boolean;
     storage_supports_progress: boolean;
     consistent_list_skip_timeout_fallback: boolean;
+    non_blocking_dispatch: boolean;
     relist_delay_ms: number;
     resource_prefix: string | null;
 }
@@ -746,7 +748,10 @@ export interface Deadline {
         | "freshness_wait"
         | "watch_deadline"
         | "slow_watcher_budget"
-        | "request_timeout";
+        | "request_timeout"
+        | "dispatcher_start"
+        | "relist"
+        | "compactor_poll";
 }
 /** The ring buffer's window (RVs undefined while it is empty or uninitialised). */
 export interface Window {
