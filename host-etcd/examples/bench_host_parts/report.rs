@@ -92,6 +92,22 @@ fn kinds(v: &Value) -> String {
     }
 }
 
+/// Puts that failed (e.g. etcd's "request timed out"), if any.
+pub(crate) fn failed(a: &Value) -> String {
+    match a["put_errors"].as_u64() {
+        Some(n) if n > 0 => format!(" + {n} failed"),
+        _ => String::new(),
+    }
+}
+
+/// Events of revisions applied after the drain's revision (timed-out puts), if any.
+pub(crate) fn late(a: &Value) -> String {
+    match a["late_events"].as_u64() {
+        Some(n) if n > 0 => format!(" (+ {n} of timed-out puts applied late)"),
+        _ => String::new(),
+    }
+}
+
 fn lat(v: &Value) -> String {
     format!("{} / {} / {}", f(&v["p50"]), f(&v["p99"]), f(&v["max"]))
 }
@@ -129,13 +145,15 @@ fn load_rows(s: &mut String, results: &[Value], key: &str) {
             continue;
         }
         s.push_str(&format!(
-            "| {} | {} ({} / {}) | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} / {} |\n",
+            "| {} | {}{} ({} / {}) | {} / {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} / {} |\n",
             f(&r["target"]),
             f(&a["puts"]),
+            failed(a),
             f(&a["put_rate_asked"]),
             f(&a["achieved_put_rate"]),
             f(&a["events_delivered"]),
             f(&a["events_expected"]),
+            late(a),
             missing(a),
             f(&a["duplicates"]),
             f(&a["stream_breaks"]),
@@ -157,7 +175,7 @@ fn load_rows(s: &mut String, results: &[Value], key: &str) {
 
 pub(crate) fn create_row(target: &Value, phase: &str, c: &Value) -> String {
     format!(
-        "| {} | {} | {} / {} / {} ({}) | {} | {} | {} | {} / {} | {} / {} | {} | {} |\n",
+        "| {} | {} | {} / {} / {} ({}) | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} |\n",
         f(target),
         phase,
         f(&c["watches"]),
@@ -177,10 +195,11 @@ pub(crate) fn create_row(target: &Value, phase: &str, c: &Value) -> String {
         f(&c["further_create_ms"]["p99"]),
         f(&c["target_cpu_seconds"]),
         f(&c["etcd_cpu_seconds"]),
+        f(&c["bench_client_cpu_seconds"]),
     )
 }
 
-pub(crate) const CREATE_HEAD: &str = "| target | phase | watches / streams / connections (creates) | connections ready ms | all created ms | created | first create on a stream p50 / p99 ms | each further create p50 / p99 ms | target CPU s | etcd CPU s |\n|---|---|---|---|---|---|---|---|---|---|\n";
+pub(crate) const CREATE_HEAD: &str = "| target | phase | watches / streams / connections (creates) | connections ready ms | all created ms | created | first create on a stream p50 / p99 ms | each further create p50 / p99 ms | target CPU s | etcd CPU s | bench client CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 fn restart_row(s: &mut String, target: &Value, c: &Value) {
     if let Some(e) = c.get("error") {
@@ -218,11 +237,15 @@ pub(crate) fn tables(results: &[Value]) -> String {
     let mut s = String::new();
     s.push_str("### A. fan-out\n\n");
     load_rows(&mut s, results, "A");
-    s.push_str("\n### Watch creation (A: the fleet above; D: the larger fleet)\n\n");
+    s.push_str("\n### Watch creation (one stream of 50 serial creates on the idle target; A: the fleet above; D: the larger fleet)\n\n");
     s.push_str(CREATE_HEAD);
     for r in results {
-        for (phase, key) in [("A", "A"), ("D", "D")] {
-            let c = &r[key]["create"];
+        for (phase, key, sub) in [
+            ("one stream, idle", "A", "create_round_trip"),
+            ("A", "A", "create"),
+            ("D", "D", "create"),
+        ] {
+            let c = &r[key][sub];
             if c.is_object() {
                 s.push_str(&create_row(&r["target"], phase, c));
             }
@@ -372,6 +395,18 @@ pub(crate) fn issue_targets(results: &[Value]) -> (String, Value) {
             format!("{} against etcd's {}", ms_s(w), ms_s(e)),
             r,
             "(the same goal, at A's size)",
+            None,
+        );
+        let e = num(etcd, &["A", "create_round_trip", "further_create_ms", "p50"]);
+        let w = num(*wc, &["A", "create_round_trip", "further_create_ms", "p50"]);
+        let e99 = num(etcd, &["A", "create_round_trip", "further_create_ms", "p99"]);
+        let w99 = num(*wc, &["A", "create_round_trip", "further_create_ms", "p99"]);
+        let o = |x: Option<f64>| x.map(fx).unwrap_or_else(|| "–".into());
+        add(
+            format!("{name}: one create's round trip, one stream on the idle target"),
+            format!("p50 {} ms (p99 {}) against etcd's {} ms ({})", o(w), o(w99), o(e), o(e99)),
+            ratio(w, e),
+            "(what each serial create waits for)",
             None,
         );
         // Reconnection inside the window: 0 requests to etcd, ≤ 1.5× etcd's time.

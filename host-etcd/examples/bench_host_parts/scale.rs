@@ -175,13 +175,15 @@ pub(crate) async fn run(env: &Env, cfg: &Cfg, args: &Args) -> Result<(String, Va
             continue;
         }
         s.push_str(&format!(
-            "| {} | {} ({} / {}) | {} / {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {}{} ({} / {}) | {} / {}{} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} | {} |\n",
             f(&r["target"]),
             f(&a["puts"]),
+            crate::report::failed(a),
             f(&a["put_rate_asked"]),
             f(&a["achieved_put_rate"]),
             f(&a["events_delivered"]),
             f(&a["events_expected"]),
+            crate::report::late(a),
             f(&a["missing"]),
             f(&a["duplicates"]),
             f(&a["deliveries_per_second"]),
