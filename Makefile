@@ -88,7 +88,7 @@ SLO_FILES ?=
 # Flags for bench_host (e.g. BENCH_HOST_ARGS=--quick for a smoke run; --help lists them).
 BENCH_HOST_ARGS ?=
 
-bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs grpc-proxy vs watchcache (1 and 2 replicas), issue 12's ratios (about 6 min; figures in BENCHMARKS.md)
+bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs grpc-proxy vs watchcache (1 and 2 replicas), issue 12's ratios (about 5 min; figures in BENCHMARKS.md)
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
 	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
 	  $(ROOT)/target/release/examples/bench_host $(BENCH_HOST_ARGS)
