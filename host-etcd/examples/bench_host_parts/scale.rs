@@ -130,14 +130,19 @@ pub(crate) async fn run(env: &Env, cfg: &Cfg, args: &Args) -> Result<(String, Va
     println!();
     let wc_limit = cfg.create_limit.max(Duration::from_secs(300));
     let wc = one(env, cfg, Kind::Watchcache, wc_limit, cfg.seconds).await;
-    let etcd = one(
-        env,
-        cfg,
-        Kind::Etcd,
-        Duration::from_secs(args.scale_etcd_limit.max(1)),
-        args.scale_etcd_seconds,
-    )
-    .await;
+    // etcd directly unless --targets leaves it out (e.g. --targets watchcache).
+    let etcd = if args.targets.iter().any(|t| t.trim() == "etcd") {
+        one(
+            env,
+            cfg,
+            Kind::Etcd,
+            Duration::from_secs(args.scale_etcd_limit.max(1)),
+            args.scale_etcd_seconds,
+        )
+        .await
+    } else {
+        json!({"target": Kind::Etcd.label(), "key": "etcd", "skipped": "not in --targets"})
+    };
     let results = [wc, etcd];
     let mut s = String::new();
     s.push_str("### Setup\n\n");
