@@ -601,6 +601,17 @@ func runReal(b bins, w *workload, viaWatchcache bool, seed int64, keep bool) (re
 				}
 				time.Sleep(d)
 				s.reconnect()
+				// As simulate() has it, the next disconnect is drawn once the watcher is
+				// connected again (client-go's backoff decides when that is).
+				for {
+					s.mu.Lock()
+					back := !s.waiting
+					s.mu.Unlock()
+					if back || time.Now().After(end) {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
 			}
 		}()
 	}
