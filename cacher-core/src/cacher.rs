@@ -595,8 +595,9 @@ impl Cacher {
         self.store.replace(objs, rv);
         self.list_rv = rv;
         self.rv = rv;
-        if !self.dispatcher_started && self.dispatcher_start_at.is_none() {
-            // 1.31+: the dispatch loop polls every 10 ms for the first list before it starts.
+        if !self.dispatcher_started && self.dispatcher_start_at.is_none() && rv != 0 {
+            // 1.31+: the dispatch loop polls every 10 ms for a list RV other than 0 before it
+            // starts (a list at RV 0 never starts it).
             let at = self.next_grid_point(now, DISPATCHER_START_POLL_MS);
             self.dispatcher_start_at = Some(at);
             self.set_timer(at, TimerReason::DispatcherStart, 0);
@@ -1211,7 +1212,7 @@ impl Cacher {
 
     fn on_dispatcher_start(&mut self) {
         self.dispatcher_start_at = None;
-        if self.ready.state() == ReadyState::Stopped {
+        if self.ready.state() == ReadyState::Stopped || self.list_rv == 0 {
             return;
         }
         self.dispatcher_started = true;
