@@ -28,7 +28,7 @@ run: setup-etcd web ## build and start watchcache on an embedded etcd, write sam
 	$(CARGO) build -q --release -p host-etcd --bin watchcache
 	tools/run-demo.sh
 
-test: lint test-rust test-python test-wasm test-web fuzz-smoke ## formatting, lints, every test (real etcd, Python, Node, Chromium), a short fuzz run
+test: lint test-rust test-python test-wasm test-web test-oracle fuzz-smoke ## formatting, lints, every test (real etcd, Python, Node, Chromium, the Kubernetes oracle), a short fuzz run
 	@echo "make test: all passed"
 
 lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency rule
@@ -155,7 +155,9 @@ KUBE_ORACLE_PROFILES := v1.30 v1.34 v1.37
 # Flags for oracle-diff (e.g. ORACLE_DIFF_ARGS="-v" for the differing records, "-reasons").
 ORACLE_DIFF_ARGS ?=
 
-.PHONY: setup-kube-oracle oracle-diff oracle-changes
+.PHONY: setup-kube-oracle oracle-diff oracle-changes test-oracle
+
+test-oracle: oracle-diff ## (part of make test) every scenario against the real cacher of its Kubernetes version
 
 setup-kube-oracle: ## kube-oracle-v1.30/v1.34/v1.37 in .tools/bin, built against k8s.io/apiserver v0.30.3/v0.34.13/v0.37.2
 	@test -n "$(GO)" || { echo "Go not found (needed for tools/kube-oracle)" >&2; exit 1; }
