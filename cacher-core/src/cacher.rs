@@ -1010,6 +1010,25 @@ impl Cacher {
             self.by_scope.values().flat_map(|m| m.values()).map(Vec::len).sum::<usize>()
                 + self.by_value.values().map(|s| s.as_slice().len()).sum::<usize>();
         assert!(indexed <= self.slot_of.len(), "index holds closed watchers");
+        if self.dispatcher_free() {
+            assert!(self.incoming.is_empty(), "a free dispatcher left events in incoming");
+            assert!(!self.tick_pending, "a free dispatcher left its tick");
+            assert!(!self.reflector.is_holding(), "the reflector holds input with room");
+        }
+        if let Some(stall) = &self.stall {
+            for (i, &(slot, id)) in stall.members.iter().enumerate() {
+                if i == 0 && stall.front_gone {
+                    continue;
+                }
+                let w = self.slots[slot as usize].as_ref().filter(|w| w.id == id);
+                assert!(
+                    w.is_some_and(
+                        |w| matches!(w.flow, Flow::Blocked { batch, .. } if batch == stall.id)
+                    ),
+                    "a stall member is not blocked in it"
+                );
+            }
+        }
         assert_eq!(
             self.progress_waiters,
             self.parked

@@ -59,6 +59,12 @@ pub fn ops(data: &[u8]) {
         cfg.index_field = Some("spec.nodeName".into());
     }
     cfg.watch_list = bytes.bit() || cfg.watch_list;
+    cfg.non_blocking_dispatch = bytes.bit();
+    if cfg.profile == Profile::V1_34 && bytes.bit() {
+        // v1.37 presets the same gates; its own changes: key checks, dates from storage.
+        cfg.profile = Profile::V1_37;
+        cfg.resource_prefix = bytes.bit().then(|| "/pods".into());
+    }
     let Ok(mut c) = Cacher::new(cfg, Timestamp::ZERO) else { return };
     let mut now = 0u64;
     let mut rv = 0u64;
