@@ -675,8 +675,8 @@ impl futures::Stream for WatchStream {
         }
         let next = match self.ready.pop_front() {
             Some(r) => Poll::Ready(Some(Ok(r))),
-            None => match self.out.poll_recv(cx).map(|o| o.map(|(item, _permit)| item)) {
-                Poll::Ready(Some(Ok(batch))) => {
+            None => match self.out.poll_recv(cx) {
+                Poll::Ready(Some(OutItem::Batch(batch, _permit))) => {
                     self.ready.extend(batch);
                     match self.ready.pop_front() {
                         Some(r) => Poll::Ready(Some(Ok(r))),
@@ -686,7 +686,7 @@ impl futures::Stream for WatchStream {
                         }
                     }
                 }
-                Poll::Ready(Some(Err(s))) => Poll::Ready(Some(Err(s))),
+                Poll::Ready(Some(OutItem::End(s))) => Poll::Ready(Some(Err(s))),
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },

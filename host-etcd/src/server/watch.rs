@@ -87,7 +87,7 @@ impl http_body::Body for WatchBody {
                 }
             };
             match item {
-                Some((Ok(batch), _permit)) => {
+                Some(OutItem::Batch(batch, _permit)) => {
                     for r in &batch {
                         let start = buf.len();
                         // The gRPC message prefix: not compressed, then the length.
@@ -101,8 +101,8 @@ impl http_body::Body for WatchBody {
                         break;
                     }
                 }
-                Some((Err(status), _)) => {
-                    self.end = Some(status);
+                Some(OutItem::End(status)) => {
+                    self.end = Some(*status);
                     break;
                 }
                 None => {

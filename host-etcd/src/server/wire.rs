@@ -64,6 +64,12 @@ impl Decoder for WatchDecoder {
     type Item = PbWatchRequest;
     type Error = Status;
 
+    /// Watch requests are small: a small first buffer per stream (tonic's default is 8 KiB,
+    /// most of a stream's memory).
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        tonic::codec::BufferSettings::new(512, 32 << 10)
+    }
+
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<PbWatchRequest>, Status> {
         PbWatchRequest::decode(src)
             .map(Some)

@@ -73,10 +73,14 @@ pub const OUT_BYTES: usize = 512 << 10;
 /// Responses the driver holds before it stops taking relayed input for the client.
 const PENDING_BYTES: usize = 256 << 10;
 
-/// Responses on their way to the client, a batch per wake-up (the server writes a batch as one
-/// HTTP/2 data frame), holding their share of the outbox's byte budget until the transport
-/// takes them; or the error that ends the stream.
-pub type OutItem = (Result<Vec<Response>, Status>, Option<OwnedSemaphorePermit>);
+/// What goes to the client's transport.
+pub enum OutItem {
+    /// Responses, a batch per wake-up (the server writes a batch as one HTTP/2 data frame),
+    /// holding their share of the outbox's byte budget until the transport takes them.
+    Batch(Vec<Response>, OwnedSemaphorePermit),
+    /// The error that ends the stream.
+    End(Box<Status>),
+}
 
 /// The session's side of the queue towards the client, bounded in responses and in bytes.
 pub struct Outbox {
@@ -93,7 +97,7 @@ impl Outbox {
 
     /// Ends the stream with `status`.
     async fn fail(&self, status: Status) {
-        let _ = self.tx.send((Err(status), None)).await;
+        let _ = self.tx.send(OutItem::End(Box::new(status))).await;
     }
 
     /// Moves what fits of `pending` to the transport as one batch; returns the batch's credit.
@@ -130,7 +134,7 @@ impl Outbox {
                 credits.extend(e.credit);
             }
         }
-        slot.send((Ok(batch), Some(permit)));
+        slot.send(OutItem::Batch(batch, permit));
         credits
     }
 }
@@ -155,8 +159,10 @@ where
 {
     let session_id = SessionId::next();
     let (cache_tx, mut cache_rx) = mpsc::unbounded_channel::<CacheMsg>();
-    let (relay_tx, mut relay_rx) = mpsc::channel::<(RelayId, RelayEvent)>(64);
-    let (perm_tx, mut perm_rx) = mpsc::unbounded_channel::<(u64, Permission)>();
+    // The relays' and permission checks' channels are made when first needed (most streams
+    // never use them, and a channel allocates its first block at once).
+    let mut relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>> = None;
+    let mut perm_rx: Option<mpsc::UnboundedReceiver<(u64, Permission)>> = None;
     let mut statuses: Vec<watch::Receiver<CacheStatus>> =
         env.caches.iter().map(CacheHandle::subscribe).collect();
     let views = env
@@ -170,8 +176,10 @@ where
         md,
         session_id,
         cache_tx,
-        relay_tx,
-        perm_tx,
+        relay_tx: None,
+        perm_tx: None,
+        new_relay_rx: None,
+        new_perm_rx: None,
         relays: HashMap::default(),
         pending: VecDeque::new(),
         pending_bytes: 0,
@@ -183,6 +191,12 @@ where
     let mut inbound_open = true;
     loop {
         d.carry_out(&mut session);
+        if let Some(rx) = d.new_relay_rx.take() {
+            relay_rx = Some(rx);
+        }
+        if let Some(rx) = d.new_perm_rx.take() {
+            perm_rx = Some(rx);
+        }
         // Hand what is ready to the transport as one batch, as far as the outbox has room;
         // the credit of what it takes goes back to the caches.
         for c in out.push(&mut d.pending, &mut d.pending_bytes) {
@@ -232,13 +246,13 @@ where
                     }
                 }
             }
-            ev = relay_rx.recv(), if room => {
+            ev = recv(&mut relay_rx), if room => {
                 if let Some((relay, ev)) = ev {
                     refresh(&mut session, &mut statuses);
                     session.handle_relay(now(), relay, ev);
                 }
             }
-            p = perm_rx.recv() => {
+            p = recv_unbounded(&mut perm_rx) => {
                 if let Some((token, decision)) = p {
                     refresh(&mut session, &mut statuses);
                     session.handle_permission(now(), token, decision);
@@ -275,6 +289,21 @@ async fn wait_room(out: &Outbox, front: Option<&Response>) {
     let _ = out.tx.reserve().await;
 }
 
+/// The next item of a channel that may not exist yet (then: never).
+async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_unbounded<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -293,8 +322,11 @@ struct Driver {
     md: MetadataMap,
     session_id: SessionId,
     cache_tx: mpsc::UnboundedSender<CacheMsg>,
-    relay_tx: mpsc::Sender<(RelayId, RelayEvent)>,
-    perm_tx: mpsc::UnboundedSender<(u64, Permission)>,
+    relay_tx: Option<mpsc::Sender<(RelayId, RelayEvent)>>,
+    perm_tx: Option<mpsc::UnboundedSender<(u64, Permission)>>,
+    /// A channel made during the last carry-out, for the run loop to take.
+    new_relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>>,
+    new_perm_rx: Option<mpsc::UnboundedReceiver<(u64, Permission)>>,
     relays: HashMap<RelayId, mpsc::UnboundedSender<RelayCtl>>,
     pending: VecDeque<Response>,
     pending_bytes: usize,
@@ -304,6 +336,26 @@ struct Driver {
 }
 
 impl Driver {
+    fn relay_sender(&mut self) -> mpsc::Sender<(RelayId, RelayEvent)> {
+        if let Some(tx) = &self.relay_tx {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(64);
+        self.relay_tx = Some(tx.clone());
+        self.new_relay_rx = Some(rx);
+        tx
+    }
+
+    fn perm_sender(&mut self) -> mpsc::UnboundedSender<(u64, Permission)> {
+        if let Some(tx) = &self.perm_tx {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.perm_tx = Some(tx.clone());
+        self.new_perm_rx = Some(rx);
+        tx
+    }
+
     /// Gives credit back to a cache, in batches.
     fn give_back(&mut self, c: super::Credit) {
         let key = (c.cache, c.watch);
@@ -343,6 +395,22 @@ impl Driver {
     }
 
     fn one(&mut self, o: SessionOutput, feedback: &mut Vec<Feedback>) {
+        if let SessionOutput::Upstream(UpstreamCmd::Open { relay, request }) = o {
+            let tx = self.relay_sender();
+            let (ctl, ctl_rx) = mpsc::unbounded_channel();
+            self.relays.insert(relay, ctl);
+            self.env.metrics.count_upstream_request("watch");
+            tokio::spawn(run_relay(
+                self.env.upstream.clone(),
+                self.md.clone(),
+                request,
+                relay,
+                tx,
+                ctl_rx,
+                self.env.metrics.clone(),
+            ));
+            return;
+        }
         let env = &self.env;
         match o {
             SessionOutput::Respond(mut r) => {
@@ -391,20 +459,7 @@ impl Driver {
                     CacheCmd::RequestProgress => handle.request_progress(),
                 }
             }
-            SessionOutput::Upstream(UpstreamCmd::Open { relay, request }) => {
-                let (ctl, ctl_rx) = mpsc::unbounded_channel();
-                self.relays.insert(relay, ctl);
-                env.metrics.count_upstream_request("watch");
-                tokio::spawn(run_relay(
-                    env.upstream.clone(),
-                    self.md.clone(),
-                    request,
-                    relay,
-                    self.relay_tx.clone(),
-                    ctl_rx,
-                    env.metrics.clone(),
-                ));
-            }
+            SessionOutput::Upstream(UpstreamCmd::Open { .. }) => {}
             SessionOutput::Upstream(UpstreamCmd::Progress { relay }) => {
                 if let Some(ctl) = self.relays.get(&relay) {
                     let _ = ctl.send(RelayCtl::Progress);
@@ -421,7 +476,7 @@ impl Driver {
                     (Some(decision), _) => feedback.push(Feedback::Permission(token, decision)),
                     (None, Some(p)) => {
                         let check = p.check(self.md.clone(), key, range_end);
-                        let tx = self.perm_tx.clone();
+                        let tx = self.perm_sender();
                         tokio::spawn(async move {
                             let _ = tx.send((token, check.await));
                         });
@@ -499,7 +554,7 @@ async fn run_relay(
             },
             m = stream.message() => {
                 let ev = match m {
-                    Ok(Some(r)) => RelayEvent::Response(r),
+                    Ok(Some(r)) => RelayEvent::Response(Box::new(r)),
                     Ok(None) => RelayEvent::Ended { error: Some("etcd closed the watch stream".into()), unavailable: true },
                     Err(s) => RelayEvent::Ended { error: Some(go_status_string(&s)), unavailable: !is_refusal(&s) },
                 };

@@ -39,7 +39,7 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::cache::delivery::{CacheMsg, EventRun, Picks, WatchTag};
 use crate::cache::CacheStatus;
 use crate::convert::{FILTER_NODELETE, FILTER_NOPUT};
-use crate::keys::{range_within_prefix, watch_key_range};
+use crate::keys::{etcd_range, range_within_prefix, watch_key_range};
 
 /// `mvcc.ErrWatcherDuplicateID`.
 pub const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
@@ -101,7 +101,7 @@ pub struct RelayId(pub u64);
 #[derive(Debug)]
 pub enum RelayEvent {
     /// A response from etcd (the first one answers the create).
-    Response(PbWatchResponse),
+    Response(Box<PbWatchResponse>),
     /// The relay's etcd stream ended or could not be opened.
     Ended {
         /// etcd's error, if any.
@@ -291,11 +291,10 @@ pub struct CacheView {
     pub status: CacheStatus,
 }
 
-/// A watch as the client created it.
+/// A watch as the client created it (its keys once, as the core's range: etcd's key and
+/// range end are derived from it when a relay needs them).
 #[derive(Clone, Debug)]
 struct CreateSpec {
-    key: Vec<u8>,
-    range_end: Vec<u8>,
     range: KeyRange,
     start_revision: i64,
     prev_kv: bool,
@@ -303,7 +302,20 @@ struct CreateSpec {
     fragment: bool,
     no_put: bool,
     no_delete: bool,
-    filters: Vec<i32>,
+}
+
+impl CreateSpec {
+    /// etcd's `filters` for the watch.
+    fn filters(&self) -> Vec<i32> {
+        let mut f = Vec::new();
+        if self.no_put {
+            f.push(FILTER_NOPUT);
+        }
+        if self.no_delete {
+            f.push(FILTER_NODELETE);
+        }
+        f
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,7 +357,7 @@ struct Watch {
     /// `created` has been sent.
     announced: bool,
     /// The `created` response to send when its turn comes.
-    created: Option<PbWatchResponse>,
+    created: Option<Box<PbWatchResponse>>,
     /// The watch ends once announced (etcd refused it).
     doomed: bool,
     /// The client cancelled it before it was announced.
@@ -453,19 +465,24 @@ impl WatchSession {
         self.advance(now);
         match req.request_union {
             Some(PbWatchRequestUnion::CreateRequest(c)) => {
-                let spec = CreateSpec {
-                    range: KeyRange::Exact(cacher_core::Key::new(b"")),
-                    key: c.key,
-                    range_end: c.range_end,
-                    start_revision: c.start_revision,
-                    prev_kv: c.prev_kv,
-                    progress_notify: c.progress_notify,
-                    fragment: c.fragment,
-                    no_put: c.filters.contains(&FILTER_NOPUT),
-                    no_delete: c.filters.contains(&FILTER_NODELETE),
-                    filters: c.filters,
-                };
-                self.create(spec, c.watch_id);
+                // etcd's order of checks (`v3rpc/watch.go`, then `watchStream.Watch`): a
+                // negative start, the range, then the id.
+                if c.start_revision < 0 {
+                    self.reject_create(-1, ERR_COMPACTED);
+                } else if let Ok(range) = watch_key_range(&c.key, &c.range_end) {
+                    let spec = CreateSpec {
+                        range,
+                        start_revision: c.start_revision,
+                        prev_kv: c.prev_kv,
+                        progress_notify: c.progress_notify,
+                        fragment: c.fragment,
+                        no_put: c.filters.contains(&FILTER_NOPUT),
+                        no_delete: c.filters.contains(&FILTER_NODELETE),
+                    };
+                    self.create(spec, c.watch_id);
+                } else {
+                    self.reject_create(-1, ERR_EMPTY_RANGE);
+                }
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => self.client_cancel(c.watch_id),
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
@@ -520,7 +537,7 @@ impl WatchSession {
                 if let Some(h) = &r.header {
                     self.best_rev = self.best_rev.max(h.revision.max(0) as u64);
                 }
-                self.on_relay_response(id, relay, r)
+                self.on_relay_response(id, relay, *r)
             }
             RelayEvent::Ended { error, unavailable } => {
                 self.on_relay_ended(id, relay, error, unavailable)
@@ -553,7 +570,7 @@ impl WatchSession {
                     ..Default::default()
                 };
                 if let Some(w) = self.watches.get_mut(&id) {
-                    w.created = Some(r);
+                    w.created = Some(Box::new(r));
                     w.doomed = true;
                 }
             }
@@ -697,16 +714,7 @@ impl WatchSession {
 
     // ----- creation ---------------------------------------------------------------------------
 
-    fn create(&mut self, mut spec: CreateSpec, requested_id: i64) {
-        // etcd's order of checks (`v3rpc/watch.go`, then `watchStream.Watch`): a negative
-        // start, the range, then the id.
-        if spec.start_revision < 0 {
-            return self.reject_create(-1, ERR_COMPACTED);
-        }
-        spec.range = match watch_key_range(&spec.key, &spec.range_end) {
-            Ok(r) => r,
-            Err(_) => return self.reject_create(-1, ERR_EMPTY_RANGE),
-        };
+    fn create(&mut self, spec: CreateSpec, requested_id: i64) {
         // Watch id: the client's, or the next one (etcd's AutoWatchID = 0); never reused.
         let id = if requested_id != 0 {
             if self.watches.contains_key(&requested_id) {
@@ -751,7 +759,7 @@ impl WatchSession {
                 self.by_permission.insert(token, id);
                 let Some(w) = self.watches.get_mut(&id) else { return };
                 w.source = Source::Authorizing { token };
-                let (key, range_end) = (w.spec.key.clone(), w.spec.range_end.clone());
+                let (key, range_end) = etcd_range(&w.spec.range);
                 self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
             }
             Some(c) => self.start_on_cache(id, c, start, self.cfg.create_wait_ms),
@@ -793,7 +801,7 @@ impl WatchSession {
                     w.announced = true;
                     let held = std::mem::take(&mut w.held);
                     let (doomed, cancel) = (w.doomed, w.cancel_requested);
-                    self.outputs.push_back(SessionOutput::Respond(Response::Message(created)));
+                    self.outputs.push_back(SessionOutput::Respond(Response::Message(*created)));
                     for r in held {
                         self.outputs.push_back(SessionOutput::Respond(r));
                     }
@@ -836,7 +844,7 @@ impl WatchSession {
         let rev = best.max(w.delivered);
         let created = self.created_response(id, rev);
         if let Some(w) = self.watches.get_mut(&id) {
-            w.created = Some(created);
+            w.created = Some(Box::new(created));
         }
         if reopen {
             self.stop_source(id);
@@ -876,12 +884,12 @@ impl WatchSession {
             // Not announced yet: `created` first (etcd sends both), then the cancel.
             if w.created.is_none() {
                 let rev = r.header.as_ref().map_or(self.best_rev, |h| h.revision.max(0) as u64);
-                w.created = Some(PbWatchResponse {
+                w.created = Some(Box::new(PbWatchResponse {
                     header: Some(header_at(rev)),
                     watch_id: id,
                     created: true,
                     ..Default::default()
-                });
+                }));
             }
             w.held.push(Response::Message(r));
             w.doomed = true;
@@ -954,13 +962,12 @@ impl WatchSession {
             request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
         };
         if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
-            c.key = w.spec.key.clone();
-            c.range_end = w.spec.range_end.clone();
+            (c.key, c.range_end) = etcd_range(&w.spec.range);
             c.start_revision = from as i64;
             c.prev_kv = w.spec.prev_kv;
             c.progress_notify = w.spec.progress_notify;
             c.fragment = w.spec.fragment;
-            c.filters = w.spec.filters.clone();
+            c.filters = w.spec.filters();
         }
         self.by_relay.insert(relay, id);
         self.invalidate_query(id);
@@ -1019,12 +1026,12 @@ impl WatchSession {
             w.min_rev = after_rev + 1;
         }
         if !w.announced && w.created.is_none() {
-            w.created = Some(PbWatchResponse {
+            w.created = Some(Box::new(PbWatchResponse {
                 header: Some(header),
                 watch_id: id,
                 created: true,
                 ..Default::default()
-            });
+            }));
         }
         self.outputs.push_back(SessionOutput::Note(Note::ServedFromCache));
     }
@@ -1148,7 +1155,7 @@ impl WatchSession {
                     let mut c = r;
                     c.watch_id = id;
                     c.created = true;
-                    w.created = Some(c);
+                    w.created = Some(Box::new(c));
                     w.doomed = true;
                     self.stop_source(id);
                 } else {
@@ -1168,7 +1175,7 @@ impl WatchSession {
                 let mut c = r.clone();
                 c.watch_id = id;
                 c.created = true;
-                w.created = Some(c);
+                w.created = Some(Box::new(c));
             }
             self.invalidate_query(id);
             if r.created {
@@ -1254,14 +1261,14 @@ impl WatchSession {
             let reason = error.unwrap_or_else(|| "etcd refused the watch".to_owned());
             let header = header_at(self.best_rev);
             if let Some(w) = self.watches.get_mut(&id) {
-                w.created = Some(PbWatchResponse {
+                w.created = Some(Box::new(PbWatchResponse {
                     header: Some(header),
                     watch_id: id,
                     created: true,
                     canceled: true,
                     cancel_reason: reason,
                     ..Default::default()
-                });
+                }));
                 w.doomed = true;
             }
             self.stop_source(id);

@@ -195,12 +195,12 @@ impl FakeEtcd {
                 };
                 let range = crate::keys::watch_key_range(&c.key, &c.range_end).expect("range");
                 let start = if c.start_revision == 0 { h.rev + 1 } else { c.start_revision as u64 };
-                self.inbox.push_back((relay, RelayEvent::Response(resp(0, h.rev, true))));
+                self.inbox.push_back((relay, RelayEvent::Response(Box::new(resp(0, h.rev, true)))));
                 if start < self.compacted {
                     let mut r = resp(0, 0, false);
                     r.canceled = true;
                     r.compact_revision = self.compacted as i64;
-                    self.inbox.push_back((relay, RelayEvent::Response(r)));
+                    self.inbox.push_back((relay, RelayEvent::Response(Box::new(r))));
                     return;
                 }
                 self.relays.insert(relay, (range, start - 1));
@@ -208,7 +208,8 @@ impl FakeEtcd {
             }
             UpstreamCmd::Progress { relay } => {
                 if self.answers_progress && self.relays.contains_key(&relay) {
-                    self.inbox.push_back((relay, RelayEvent::Response(resp(-1, h.rev, false))));
+                    self.inbox
+                        .push_back((relay, RelayEvent::Response(Box::new(resp(-1, h.rev, false)))));
                 }
             }
             UpstreamCmd::Close { relay } => {
@@ -231,7 +232,7 @@ impl FakeEtcd {
             if !mine.is_empty() {
                 let mut r = resp(0, *rev, false);
                 r.events = mine;
-                self.inbox.push_back((relay, RelayEvent::Response(r)));
+                self.inbox.push_back((relay, RelayEvent::Response(Box::new(r))));
             }
         }
         *sent = h.rev;
