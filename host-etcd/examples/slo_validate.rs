@@ -217,9 +217,13 @@ impl Server {
             "--web-dir".into(),
             "/nonexistent".into(),
             // The simulator plays Kubernetes' cacher: a restarted cache's window starts at its
-            // list (watchcache's default loads etcd's recent history first).
+            // list (watchcache's default loads etcd's recent history first), one dispatcher
+            // that waits for a blocked watcher, a relist after the profile's delay.
             "--backfill-revisions".into(),
             "0".into(),
+            "--stall-dispatch".into(),
+            "--relist-delay".into(),
+            format!("{}ms", c.relist_delay_ms),
         ];
         if !c.dynamic_capacity {
             args.push("--fixed-capacity".into());

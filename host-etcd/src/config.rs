@@ -33,9 +33,9 @@ pub struct CacheConfig {
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            core: cacher_core::Config::for_profile(cacher_core::Profile::V1_34),
-            grpc_credit: 1024,
-            grpc_queue: 1024,
+            core: host_core_config(cacher_core::Profile::V1_34),
+            grpc_credit: 256,
+            grpc_queue: 256,
             kube_credit: 100,
             reflector: ReflectorOptions::default(),
             progress_notify_interval: Duration::from_secs(600),
@@ -43,6 +43,18 @@ impl Default for CacheConfig {
             create_wait: Duration::from_secs(5),
         }
     }
+}
+
+/// The core's configuration for `profile` as the host runs it: Kubernetes' mechanisms, with two
+/// of the core's switches set for an etcd cache — a watcher whose queue is full does not stall
+/// the others (`non_blocking_dispatch`; Kubernetes' single dispatcher waits for it,
+/// kubernetes#141450), and a broken upstream watch relists at once (`relist_delay_ms` 0: the
+/// reflector relists by itself; Kubernetes' `wait.Until` waits 1 s first).
+pub fn host_core_config(profile: cacher_core::Profile) -> cacher_core::Config {
+    let mut c = cacher_core::Config::for_profile(profile);
+    c.non_blocking_dispatch = true;
+    c.relist_delay_ms = 0;
+    c
 }
 
 impl CacheConfig {

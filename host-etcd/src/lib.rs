@@ -96,7 +96,7 @@ pub mod session;
 pub mod upstream;
 
 pub use cache::{CacheHandle, CacheStatus};
-pub use config::{CacheConfig, ReflectorOptions};
+pub use config::{host_core_config, CacheConfig, ReflectorOptions};
 pub use etcd_launcher::{EmbeddedEtcd, EtcdOptions};
 pub use keys::Keys;
 pub use library::{Cache, Error, GetOptions, WatchOptions, WatchStream};

@@ -14,6 +14,11 @@ use host_etcd::{
 };
 use tracing::{error, info};
 
+/// mimalloc for the server: many small, short-lived allocations per delivery, and memory given
+/// back after a burst (glibc's arenas kept a slow-reader burst's peak resident).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "watchcache",
@@ -58,9 +63,16 @@ struct ServeArgs {
     /// A key prefix to cache (repeat for several; one cache each).
     #[arg(long = "prefix", default_value = "/")]
     prefixes: Vec<String>,
-    /// The Kubernetes behaviour to follow: v1.30 or v1.34.
+    /// The Kubernetes behaviour to follow: v1.30, v1.34 or v1.37.
     #[arg(long, default_value = "v1.34")]
     profile: String,
+    /// Dispatch as Kubernetes does: a watcher whose queue is full holds up every other
+    /// watcher's events for up to the time budget (kubernetes#141450). Off: it waits alone.
+    #[arg(long)]
+    stall_dispatch: bool,
+    /// How long after the upstream watch broke the cache relists (Kubernetes: 1s).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    relist_delay: std::time::Duration,
     /// Initial ring-buffer capacity (Kubernetes: 100).
     #[arg(long)]
     capacity: Option<usize>,
@@ -77,10 +89,10 @@ struct ServeArgs {
     #[arg(long)]
     index_field: Option<String>,
     /// Events a gRPC watcher may have in flight before the cache holds them for it.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 256)]
     grpc_credit: u64,
     /// Events queued per gRPC watcher before it falls behind and is replayed from the ring.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 256)]
     grpc_queue: usize,
     /// On each (re)list, load this many revisions of etcd's history into the window first, so
     /// watchers resuming from them after a restart are served from memory (0: list at the
@@ -130,7 +142,9 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     let mut cfg = ServeConfig::default();
     let profile =
         cacher_core::Profile::parse(&a.profile).map_err(|e| format!("--profile: {}", e.message))?;
-    let mut core = cacher_core::Config::for_profile(profile);
+    let mut core = host_etcd::config::host_core_config(profile);
+    core.non_blocking_dispatch = !a.stall_dispatch;
+    core.relist_delay_ms = a.relist_delay.as_millis() as u64;
     if let Some(c) = a.capacity {
         core.capacity = c;
         core.lower_bound_capacity = core.lower_bound_capacity.min(c);

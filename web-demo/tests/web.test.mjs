@@ -273,6 +273,15 @@ test("playground: list decisions in v1.30 and v1.34, with their reasons", async 
   await done(ctx);
 });
 
+test("playground: the v1.37 profile starts a v1.37 cacher", async () => {
+  const ctx = await openPage();
+  const { page } = ctx;
+  await page.click('#profile button[data-profile="v1.37"]');
+  await seeAttr(page, page.locator('#profile button[data-profile="v1.37"]'), "aria-checked", "true");
+  await see(page, page.locator("body"), /A new cacher \(v1\.37\)/);
+  await done(ctx);
+});
+
 test("playground: restart etcd closes the gate, terminates the watchers, relists (429 in v1.34)", async () => {
   const ctx = await openPage();
   const { page } = ctx;

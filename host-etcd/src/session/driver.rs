@@ -69,9 +69,9 @@ pub struct SessionEnv {
 const OUT_ITEMS: usize = 64;
 /// ...and their bytes: what a stream whose client stops reading costs, beyond HTTP/2's flow
 /// control window (a response larger than this still goes, alone).
-pub const OUT_BYTES: usize = 512 << 10;
+pub const OUT_BYTES: usize = 256 << 10;
 /// Responses the driver holds before it stops taking relayed input for the client.
-const PENDING_BYTES: usize = 256 << 10;
+const PENDING_BYTES: usize = 128 << 10;
 
 /// What goes to the client's transport.
 pub enum OutItem {

@@ -721,7 +721,7 @@ export class App {
       b.setAttribute("aria-checked", String(b.dataset.profile === profile));
       b.disabled = locked && b.dataset.profile !== profile;
     }
-    $("profile").title = locked ? why : "Kubernetes behaviour: v1.30.3, or v1.34";
+    $("profile").title = locked ? why : "Kubernetes behaviour: v1.30.3, v1.34 or v1.37";
   }
 
   wireControls() {
