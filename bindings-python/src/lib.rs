@@ -1546,10 +1546,10 @@ impl From<cacher_core::WatcherInfo> for WatcherInfo {
             queued: w.queued,
             queue_capacity: w.queue_capacity,
             initial_pending: w.initial_pending,
-            state: w.state,
+            state: w.state.as_str(),
             lag: w.lag,
             auto: w.auto,
-            policy: w.policy,
+            policy: w.policy.as_str(),
             allow_bookmarks: w.allow_bookmarks,
         }
     }

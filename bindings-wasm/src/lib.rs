@@ -1685,10 +1685,10 @@ impl From<cacher_core::WatcherInfo> for JsWatcher {
             queued: w.queued as u32,
             queue_capacity: w.queue_capacity as u32,
             initial_pending: w.initial_pending as u32,
-            state: w.state,
+            state: w.state.as_str(),
             lag: w.lag,
             auto: w.auto,
-            policy: w.policy,
+            policy: w.policy.as_str(),
             allow_bookmarks: w.allow_bookmarks,
         }
     }

@@ -276,6 +276,34 @@ pub struct Window {
     pub evicted_since_relist: bool,
 }
 
+/// How events get to a watcher (`WatcherInfo::state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WatcherState {
+    /// Takes events as they are dispatched (queued while its client has no credit).
+    Active,
+    /// Still being sent its initial events (from the store or the ring).
+    Replaying,
+    /// Its queue is full and dispatch waits for room, within the time budget (terminate policy).
+    Blocked,
+    /// Its queue was full (lag policy): it is a position in the ring, replayed as it reads.
+    Lagging,
+    /// Closed for input; its client reads what is still on its way.
+    Draining,
+}
+
+impl WatcherState {
+    /// `active`, `replaying`, `blocked`, `lagging` or `draining`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WatcherState::Active => "active",
+            WatcherState::Replaying => "replaying",
+            WatcherState::Blocked => "blocked",
+            WatcherState::Lagging => "lagging",
+            WatcherState::Draining => "draining",
+        }
+    }
+}
+
 /// A watcher as the host and the UI see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WatcherInfo {
@@ -293,14 +321,14 @@ pub struct WatcherInfo {
     pub queue_capacity: usize,
     /// Initial events not yet read.
     pub initial_pending: usize,
-    /// `active`, `replaying`, `blocked`, `lagging` or `draining`.
-    pub state: &'static str,
+    /// How events get to it now.
+    pub state: WatcherState,
     /// Events behind the newest buffered event (for lagging watchers).
     pub lag: u64,
     /// Reads everything at once.
     pub auto: bool,
-    /// `terminate` or `lag`.
-    pub policy: &'static str,
+    /// What happens when it reads too slowly.
+    pub policy: crate::request::SlowPolicy,
     /// Bookmarks allowed.
     pub allow_bookmarks: bool,
 }
@@ -953,13 +981,13 @@ impl Cacher {
     pub fn watcher(&self, id: RequestId) -> Option<WatcherInfo> {
         let w = self.watcher_ref(id)?;
         let (state, lag) = match &w.flow {
-            Flow::Active if w.initial.is_some() => ("replaying", 0),
-            Flow::Active => ("active", 0),
-            Flow::Blocked { overflow, .. } => ("blocked", overflow.len() as u64),
+            Flow::Active if w.initial.is_some() => (WatcherState::Replaying, 0),
+            Flow::Active => (WatcherState::Active, 0),
+            Flow::Blocked { overflow, .. } => (WatcherState::Blocked, overflow.len() as u64),
             Flow::Lagging { next_index } => {
-                ("lagging", self.ring.end_index().saturating_sub(*next_index))
+                (WatcherState::Lagging, self.ring.end_index().saturating_sub(*next_index))
             }
-            Flow::Draining { .. } => ("draining", 0),
+            Flow::Draining { .. } => (WatcherState::Draining, 0),
         };
         Some(WatcherInfo {
             id: w.id,
@@ -972,10 +1000,7 @@ impl Cacher {
             state,
             lag,
             auto: w.credit == u64::MAX,
-            policy: match w.policy {
-                crate::request::SlowPolicy::Terminate => "terminate",
-                crate::request::SlowPolicy::Lag => "lag",
-            },
+            policy: w.policy,
             allow_bookmarks: w.allow_bookmarks,
         })
     }

@@ -66,7 +66,7 @@ impl Cacher {
                 if rv > w.last_sent_rv {
                     w.last_sent_rv = rv;
                 }
-                targets.push((w.id, kind));
+                targets.push(Target { watch: w.id, kind });
                 continue;
             }
             let item = WatchEvent::Change(kind, ev.clone());

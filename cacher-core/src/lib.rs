@@ -53,7 +53,7 @@
 //!         Output::WatchStarted { watch, rv, .. } => assert_eq!((watch, rv), (w, 9)),
 //!         Output::Fanout { event, targets } => {
 //!             assert_eq!(event.rv(), 10);
-//!             assert!(targets.iter().any(|(id, _)| *id == w));
+//!             assert!(targets.iter().any(|t| t.watch == w));
 //!             delivered += targets.len();
 //!         }
 //!         other => panic!("unexpected {other:?}"),
@@ -114,7 +114,7 @@ pub mod replay;
 pub mod simulate;
 
 pub use btree::Tree;
-pub use cacher::{Cacher, Change, StorageError, TimerReason, WatcherInfo, Window};
+pub use cacher::{Cacher, Change, StorageError, TimerReason, WatcherInfo, WatcherState, Window};
 pub use config::{Config, ConfigError, Profile};
 pub use event::Event;
 pub use key::{display_key, has_path_prefix, prefix_end, Key, KeyRange};

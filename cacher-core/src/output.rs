@@ -218,7 +218,13 @@ pub enum RangeOutcome {
 }
 
 /// One element of a fan-out: a watcher and how it sees the event.
-pub type Target = (RequestId, ChangeKind);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// The watcher.
+    pub watch: RequestId,
+    /// How it sees the event.
+    pub kind: ChangeKind,
+}
 
 /// Everything the core asks of its host, in order. Drain with [`crate::Cacher::poll_output`]
 /// after every call that changes the core.

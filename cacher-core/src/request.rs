@@ -32,6 +32,16 @@ pub enum SlowPolicy {
     Lag,
 }
 
+impl SlowPolicy {
+    /// `terminate` or `lag`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SlowPolicy::Terminate => "terminate",
+            SlowPolicy::Lag => "lag",
+        }
+    }
+}
+
 /// A watch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WatchRequest {

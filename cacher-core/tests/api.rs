@@ -103,7 +103,7 @@ fn credit_lets_events_through_then_they_queue() {
     let direct: usize = drain(&mut c)
         .iter()
         .map(|o| match o {
-            Output::Fanout { targets, .. } => targets.iter().filter(|(w, _)| *w == id).count(),
+            Output::Fanout { targets, .. } => targets.iter().filter(|t| t.watch == id).count(),
             _ => 0,
         })
         .sum();

@@ -461,9 +461,9 @@ impl Harness {
                     self.record(watch, Seen::Started(rv, initial))
                 }
                 Output::Fanout { event, targets } => {
-                    for (id, kind) in targets.iter() {
-                        let e = WatchEvent::Change(*kind, event.clone());
-                        self.record(*id, seen_of(&e));
+                    for &cacher_core::Target { watch: id, kind } in targets.iter() {
+                        let e = WatchEvent::Change(kind, event.clone());
+                        self.record(id, seen_of(&e));
                     }
                 }
                 Output::Deliver { watch, events } => {

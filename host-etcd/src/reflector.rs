@@ -254,7 +254,8 @@ async fn history(
     from: u64,
     until: u64,
 ) -> Result<(Vec<(u64, Vec<Change>)>, u64, UpWatch), String> {
-    let (mut sender, mut stream) = open_watch(prefix, upstream, metrics, opts, from).await?;
+    let UpWatch { tx: mut sender, rx: mut stream } =
+        open_watch(prefix, upstream, metrics, opts, from).await?;
     let mut out: Vec<(u64, Vec<Change>)> = Vec::new();
     let mut seen = from.saturating_sub(1);
     // etcd drops a progress request while the watcher is still catching up: ask every 100 ms
@@ -294,11 +295,14 @@ async fn history(
             }
         }
     }
-    Ok((out, seen, (sender, stream)))
+    Ok((out, seen, UpWatch { tx: sender, rx: stream }))
 }
 
 /// An open etcd watch: its request and response halves.
-type UpWatch = (etcd_client::WatchRequestSender, etcd_client::WatchResponseStream);
+struct UpWatch {
+    tx: etcd_client::WatchRequestSender,
+    rx: etcd_client::WatchResponseStream,
+}
 
 /// The reflector's watch of the prefix from `from`, with progress notify.
 async fn open_watch(
@@ -314,7 +318,8 @@ async fn open_watch(
     metrics.count_upstream_request("watch");
     let mut client =
         upstream.client.watch_client().max_decoding_message_size(opts.max_message_bytes);
-    Ok(client.watch(key, Some(wopts)).await.map_err(|e| e.to_string())?.split())
+    let (tx, rx) = client.watch(key, Some(wopts)).await.map_err(|e| e.to_string())?.split();
+    Ok(UpWatch { tx, rx })
 }
 
 /// A failed list, and whether etcd said the revision is compacted.
@@ -377,7 +382,7 @@ async fn watch_from(
     shutdown: &mut watch::Receiver<bool>,
     open: Option<UpWatch>,
 ) -> WatchEnd {
-    let (mut sender, mut responses) = match open {
+    let UpWatch { tx: mut sender, rx: mut responses } = match open {
         Some(w) => w,
         None => {
             let stream = tokio::select! {

@@ -443,9 +443,9 @@ impl OutputItem {
     pub fn expand(at: u64, out: Output, sink: &mut impl FnMut(OutputItem)) {
         match out {
             Output::Fanout { event, targets } => {
-                for (watch, kind) in targets.iter() {
-                    let event = WatchEvent::Change(*kind, event.clone());
-                    sink(OutputItem::Event { at, watch: *watch, event });
+                for &crate::output::Target { watch, kind } in targets.iter() {
+                    let event = WatchEvent::Change(kind, event.clone());
+                    sink(OutputItem::Event { at, watch, event });
                 }
             }
             Output::Deliver { watch, events } => {

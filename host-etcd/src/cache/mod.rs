@@ -24,7 +24,7 @@ use std::time::Duration;
 use cacher_core::{
     Cacher, Change, CloseCause, Event, GetRequest, KeyRange, ListRequest, Object, Output,
     RangeOutcome, RangeRequest, ReadOutcome, ReadyState, RequestId, RvParam, Status, Timestamp,
-    WatchEvent, WatchRequest,
+    WatchEvent, WatchRequest, WatcherState,
 };
 use rustc_hash::FxHashMap as HashMap;
 use serde_json::json;
@@ -682,7 +682,7 @@ impl CacheTask {
                     capacity: c.window().capacity,
                     rv: c.resource_version(),
                     watchers: watchers.len(),
-                    lagging: watchers.iter().filter(|w| w.state == "lagging").count(),
+                    lagging: watchers.iter().filter(|w| w.state == WatcherState::Lagging).count(),
                     max_lag: watchers.iter().map(|w| w.lag).max().unwrap_or(0),
                     store_len: c.store_len(),
                     ready: c.ready_state() == ReadyState::Ready,
@@ -860,7 +860,7 @@ impl CacheTask {
             match out {
                 Output::Fanout { event, targets } => {
                     let mut index = None;
-                    for &(id, kind) in targets.iter() {
+                    for &cacher_core::Target { watch: id, kind } in targets.iter() {
                         match self.routes.get(&id) {
                             Some(Route::Etcd { .. }) => {
                                 let i = *index.get_or_insert_with(|| {
@@ -1067,7 +1067,7 @@ impl CacheTask {
             .map(|(tag, id)| {
                 let ok = ready
                     && self.cacher.watcher(id).is_some_and(|w| {
-                        w.state == "active" && w.queued == 0 && w.initial_pending == 0
+                        w.state == WatcherState::Active && w.queued == 0 && w.initial_pending == 0
                     });
                 (tag, ok)
             })
@@ -1146,8 +1146,8 @@ impl CacheTask {
             .map(|w| {
                 json!({
                     "id": w.id.0, "key": w.key, "rv": w.rv, "last_sent_rv": w.last_sent_rv,
-                    "queued": w.queued, "queue_capacity": w.queue_capacity, "state": w.state,
-                    "lag": w.lag, "policy": w.policy,
+                    "queued": w.queued, "queue_capacity": w.queue_capacity, "state": w.state.as_str(),
+                    "lag": w.lag, "policy": w.policy.as_str(),
                     "kind": match self.routes.get(&w.id) { Some(Route::Etcd { .. }) => "etcd", Some(Route::Core { .. }) => "kube", None => "-" },
                 })
             })

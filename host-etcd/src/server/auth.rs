@@ -38,9 +38,19 @@ pub struct AuthStatusResponse {
     pub auth_revision: u64,
 }
 
-type Decision = (Instant, Result<(), Status>);
+/// etcd's answer, and when it was given.
+struct Decision {
+    at: Instant,
+    result: Result<(), Status>,
+}
 /// (token, key, range_end).
-type DecisionKey = (Vec<u8>, Vec<u8>, Vec<u8>);
+/// Whose decision about which keys.
+#[derive(PartialEq, Eq, Hash)]
+struct DecisionKey {
+    token: Vec<u8>,
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+}
 
 /// Permission checks for cached reads.
 pub struct AuthChecker {
@@ -125,13 +135,13 @@ impl AuthChecker {
             return Ok(());
         }
         let token = md.get("token").map(|v| v.as_bytes().to_vec()).unwrap_or_default();
-        let k = (token, key.to_vec(), range_end.to_vec());
+        let k = DecisionKey { token, key: key.to_vec(), range_end: range_end.to_vec() };
         let now = Instant::now();
         if let Ok(d) = self.decisions.lock() {
-            if let Some((at, r)) = d.get(&k) {
-                if now.duration_since(*at) < self.ttl {
+            if let Some(decision) = d.get(&k) {
+                if now.duration_since(decision.at) < self.ttl {
                     self.metrics.count_auth_check(true);
-                    return r.clone();
+                    return decision.result.clone();
                 }
             }
         }
@@ -157,9 +167,9 @@ impl AuthChecker {
         if decided {
             if let Ok(mut d) = self.decisions.lock() {
                 if d.len() > 100_000 {
-                    d.retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
+                    d.retain(|_, decision| now.duration_since(decision.at) < self.ttl);
                 }
-                d.insert(k, (now, r.clone()));
+                d.insert(k, Decision { at: now, result: r.clone() });
             }
         }
         r
