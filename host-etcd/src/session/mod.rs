@@ -1016,8 +1016,10 @@ impl WatchSession {
                 .push_back(SessionOutput::Cache { cache, cmd: CacheCmd::Cancel { watch: core } });
             return;
         };
-        let header = header_at(cache_rv.max(after_rev));
         let Some(w) = self.watches.get_mut(&id) else { return };
+        // A watch from "now" is told where now is: its events are those after the header
+        // (the core may have registered it after the cache moved on, replaying what it missed).
+        let header = header_at(if w.from_now { after_rev } else { cache_rv.max(after_rev) });
         w.source = Source::Cache { cache, tag, core };
         w.failures = 0;
         if w.from_now {

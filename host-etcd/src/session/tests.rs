@@ -827,3 +827,43 @@ fn a_future_watch_holds_progress_answers_back_until_its_start() {
     assert_eq!(progress, vec![13], "{seen:?}");
     assert_eq!(World::revs_of(&seen, 1), vec![13]);
 }
+
+/// Reliability finding (robustness run): a watch from "now" that the cache registers after it
+/// moved on (its start replays what came in between) is created at its start, not at the
+/// cache's revision: a client treats the created revision as where its events begin.
+#[test]
+fn a_watch_from_now_is_created_at_where_its_events_begin() {
+    let mut w = World::new(World::cfg());
+    w.watch_prefix(0);
+    // The cache answers for "now" = 10, but only after it applied 11.
+    let r = w.h.put(&["/registry/late"]);
+    w.cache.rv = r;
+    // Instead of the fake cache's own answer: registered at 10 (after_rev) while at 11.
+    w.cache.inbox.clear();
+    w.cache.watches.clear();
+    let tag = *w.s.by_tag.keys().next().expect("tag");
+    w.cache.watches.insert(RequestId(99), (tag, KeyRange::Prefix(Key::from(PREFIX))));
+    w.s.handle_cache(
+        w.now,
+        CacheMsg::Started { tag, watch: RequestId(99), after_rev: 10, cache_rv: r },
+    );
+    let run =
+        Arc::new(EventRun::new(r, w.h.events_in(&KeyRange::Prefix(Key::from(PREFIX)), 10, r)));
+    w.s.handle_cache(
+        w.now,
+        CacheMsg::Events { run, items: vec![WatchItems { tag, picks: Picks::one(0) }] },
+    );
+    let mut created_rev = None;
+    while let Some(o) = w.s.poll_output() {
+        if let SessionOutput::Respond(Response::Message(m)) = &o {
+            if m.created {
+                created_rev = m.header.as_ref().map(|h| h.revision);
+            }
+        }
+        if let SessionOutput::Respond(r) = o {
+            w.seen.push(seen(r));
+        }
+    }
+    assert_eq!(created_rev, Some(10), "created where its events begin");
+    assert_eq!(World::revs_of(&w.seen, 0), vec![r]);
+}
