@@ -512,6 +512,7 @@ export interface CacherConfig {
     consistent_list_skip_timeout_fallback?: boolean | null;
     non_blocking_dispatch?: boolean | null;
     relist_delay_ms?: ConfigInteger | null;
+    max_cache_bytes?: ConfigInteger | null;
     resource_prefix?: string | null;
 }
 /**
@@ -547,6 +548,7 @@ export interface CacherConfigInfo {
     consistent_list_skip_timeout_fallback: boolean;
     non_blocking_dispatch: boolean;
     relist_delay_ms: number;
+    max_cache_bytes: number | null;
     resource_prefix: string | null;
 }
 

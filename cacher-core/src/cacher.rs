@@ -515,6 +515,7 @@ impl Cacher {
             upper_bound: cfg.upper_bound_capacity,
             dynamic: cfg.dynamic_capacity,
             event_fresh_ms: cfg.event_fresh_ms,
+            max_bytes: cfg.max_cache_bytes,
         });
         let store = Store::new(cfg.index_field.clone(), cfg.list_from_cache_snapshot);
         let (cfg_v134, progress_period) =
@@ -910,6 +911,11 @@ impl Cacher {
         self.ring.iter().map(|e| (e.rv(), e.key(), e.is_delete()))
     }
 
+    /// The bytes of the events in the ring (see [`Config::max_cache_bytes`]).
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring.bytes()
+    }
+
     /// Objects in the store.
     pub fn store_len(&self) -> usize {
         self.store.len()
@@ -1126,8 +1132,11 @@ impl Cacher {
                 self.metrics.capacity_decreases += 1;
             }
         }
-        // While the buffer is full, snapshots older than its oldest event go (RemoveLess).
-        if self.ring.is_full() && self.store.snapshots_enabled() {
+        self.metrics.byte_evictions += effects.evicted_for_bytes;
+        // While the buffer is full, snapshots older than its oldest event go (RemoveLess); so
+        // they do when the window shrank for its bytes.
+        if (self.ring.is_full() || effects.evicted_for_bytes > 0) && self.store.snapshots_enabled()
+        {
             if let Some(oldest) = self.ring.oldest() {
                 self.store.prune_snapshots_below(oldest.rv());
             }

@@ -134,6 +134,12 @@ pub struct Config {
     /// relists (`wait.Until(startCaching, 1s)` in `cacher.go`: 1 s in every profile). Until
     /// then the gate is closed and the old watches stay open.
     pub relist_delay_ms: u64,
+    /// Most bytes of events the ring holds (an extension, not Kubernetes; cf.
+    /// kubernetes#142066): beyond it the window shrinks from the front, whatever the event
+    /// capacity, and watches from revisions it no longer holds get 410. An event counts its key,
+    /// its new and previous values and a fixed overhead; the store's snapshots share those
+    /// objects, so this bounds them too. `None`: only the capacity bounds the ring.
+    pub max_cache_bytes: Option<u64>,
     /// The cacher's resource prefix (`Config.ResourcePrefix`, e.g. `/pods`): v1.37 refuses keys
     /// outside it (`storage.PrepareKey`), and a 404 names the resource after its last segment.
     /// `None`: no prefix check; a 404 names the key's first segment.
@@ -179,6 +185,7 @@ impl Config {
             non_blocking_dispatch: false,
             relist_delay_ms: 1000,
             resource_prefix: None,
+            max_cache_bytes: None,
         }
     }
 

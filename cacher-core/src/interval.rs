@@ -156,6 +156,7 @@ mod tests {
             upper_bound: capacity,
             dynamic: false,
             event_fresh_ms: 75_000,
+            max_bytes: None,
         })
     }
 

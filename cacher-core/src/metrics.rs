@@ -58,6 +58,8 @@ pub struct Metrics {
     pub bookmarks_sent: u64,
     /// Watches that got 410 (at start, or falling out of the window).
     pub watch_expired: u64,
+    /// Events dropped from the ring because it held more than `max_cache_bytes`.
+    pub byte_evictions: u64,
 }
 
 impl Metrics {

@@ -27,6 +27,8 @@ pub struct RingConfig {
     pub dynamic: bool,
     /// The fresh-event window (`eventFreshDuration`, 75 s).
     pub event_fresh_ms: u64,
+    /// Most bytes of events the ring holds (not Kubernetes: `Config::max_cache_bytes`).
+    pub max_bytes: Option<u64>,
 }
 
 /// What a push did besides storing the event.
@@ -36,6 +38,8 @@ pub(crate) struct PushEffects {
     pub resized: Option<(usize, usize)>,
     /// Events dropped from the front (by a shrink or by the push itself).
     pub evicted: u64,
+    /// Of those, dropped because the ring held more than its bytes allow.
+    pub evicted_for_bytes: u64,
 }
 
 pub(crate) struct Ring {
@@ -44,7 +48,17 @@ pub(crate) struct Ring {
     end: u64,
     removed_since_relist: bool,
     last_evicted_rv: Option<u64>,
+    /// The events' bytes, as [`event_bytes`] counts them.
+    bytes: u64,
     cfg: RingConfig,
+}
+
+/// What an event costs the cache, roughly: its key, the new value and the one it replaced (the
+/// ring holds both; the store's snapshots share them), and a fixed overhead.
+pub(crate) fn event_bytes(e: &Event) -> u64 {
+    let value =
+        |o: Option<&Arc<crate::object::Object>>| o.and_then(|o| o.value()).map_or(0, <[u8]>::len);
+    (e.key().len() + value(e.object()) + value(e.prev()) + 160) as u64
 }
 
 impl Ring {
@@ -56,8 +70,24 @@ impl Ring {
             end: 0,
             removed_since_relist: false,
             last_evicted_rv: None,
+            bytes: 0,
             cfg,
         }
+    }
+
+    /// The bytes of the events held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Drops the oldest event.
+    fn evict_front(&mut self) {
+        let slot = self.slot(self.start);
+        let evicted = self.slots[slot].take();
+        self.bytes = self.bytes.saturating_sub(evicted.as_deref().map_or(0, event_bytes));
+        self.last_evicted_rv = evicted.map(|e| e.rv());
+        self.start += 1;
+        self.removed_since_relist = true;
     }
 
     /// Appends an event (`updateCache`): resize if full, evict the oldest if still full, store.
@@ -70,15 +100,21 @@ impl Ring {
             }
         }
         if self.is_full() {
-            let slot = self.slot(self.start);
-            self.last_evicted_rv = self.slots[slot].take().map(|e| e.rv());
-            self.start += 1;
-            self.removed_since_relist = true;
+            self.evict_front();
             effects.evicted += 1;
         }
+        self.bytes += event_bytes(&event);
         let slot = self.slot(self.end);
         self.slots[slot] = Some(event);
         self.end += 1;
+        // Beyond its bytes, the window shrinks from the front (the newest event always stays).
+        if let Some(max) = self.cfg.max_bytes {
+            while self.bytes > max && self.len() > 1 {
+                self.evict_front();
+                effects.evicted += 1;
+                effects.evicted_for_bytes += 1;
+            }
+        }
         effects
     }
 
@@ -91,6 +127,7 @@ impl Ring {
         self.start = self.end;
         self.removed_since_relist = false;
         self.last_evicted_rv = None;
+        self.bytes = 0;
     }
 
     /// RV of the last event dropped from the front (to tell a partly evicted revision).
@@ -198,6 +235,9 @@ impl Ring {
             let new_start = self.end - new_cap as u64;
             dropped = new_start - self.start;
             self.last_evicted_rv = self.get(new_start - 1).map(|e| e.rv());
+            let gone: u64 =
+                (self.start..new_start).filter_map(|i| self.get(i)).map(|e| event_bytes(e)).sum();
+            self.bytes = self.bytes.saturating_sub(gone);
             self.start = new_start;
         }
         let mut slots: Vec<Option<Arc<Event>>> = alloc::vec![None; new_cap];
@@ -230,7 +270,30 @@ mod tests {
             upper_bound: upper,
             dynamic: true,
             event_fresh_ms: 75_000,
+            max_bytes: None,
         })
+    }
+
+    #[test]
+    fn beyond_its_bytes_the_window_shrinks_from_the_front() {
+        let one = event_bytes(&ev(1, 0));
+        let mut r = Ring::new(RingConfig {
+            capacity: 100,
+            lower_bound: 100,
+            upper_bound: 100,
+            dynamic: false,
+            event_fresh_ms: 75_000,
+            max_bytes: Some(one * 3),
+        });
+        let mut evicted = 0;
+        for rv in 1..=5 {
+            evicted += r.push(ev(rv, rv), Timestamp::from_millis(rv)).evicted_for_bytes;
+        }
+        assert_eq!((r.len(), evicted, r.bytes()), (3, 2, one * 3));
+        assert_eq!(r.oldest().map(|e| e.rv()), Some(3));
+        assert!(r.removed_since_relist());
+        r.reset();
+        assert_eq!(r.bytes(), 0);
     }
 
     const EFD: u64 = 75_000;
@@ -305,6 +368,7 @@ mod tests {
             upper_bound: 3,
             dynamic: false,
             event_fresh_ms: EFD,
+            max_bytes: None,
         });
         for i in 1..=3 {
             r.push(ev(i, 0), Timestamp::ZERO);
@@ -342,6 +406,7 @@ mod tests {
             upper_bound: 8,
             dynamic: true,
             event_fresh_ms: EFD,
+            max_bytes: None,
         });
         r.push(ev(1, 0), Timestamp::ZERO);
         r.push(ev(2, 1), Timestamp::from_millis(1));

@@ -79,6 +79,11 @@ struct ServeArgs {
     /// Largest ring-buffer capacity (Kubernetes: 102400).
     #[arg(long)]
     upper_bound_capacity: Option<usize>,
+    /// Most bytes of events the ring holds (key, new and previous value per event): beyond it
+    /// the window shrinks from the front whatever the capacity, and watches from revisions it
+    /// dropped go to etcd (`watchcache_ring_byte_evictions_total`). Default: no byte bound.
+    #[arg(long)]
+    max_cache_bytes: Option<u64>,
     /// Fixed capacity: no dynamic resizing.
     #[arg(long)]
     fixed_capacity: bool,
@@ -152,6 +157,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     if let Some(c) = a.upper_bound_capacity {
         core.upper_bound_capacity = c;
     }
+    core.max_cache_bytes = a.max_cache_bytes;
     if a.fixed_capacity {
         core.dynamic_capacity = false;
     }

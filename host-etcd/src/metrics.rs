@@ -146,6 +146,8 @@ pub struct CacheSample {
     pub max_lag: u64,
     /// Objects in the store.
     pub store_len: usize,
+    /// Bytes of the events in the ring.
+    pub ring_bytes: u64,
     /// Ready gate open.
     pub ready: bool,
 }

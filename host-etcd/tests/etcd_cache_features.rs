@@ -356,3 +356,60 @@ async fn the_upstream_watch_gauge_equals_etcds_watcher_count() {
     drop(s);
     env.stop_server().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ring_holds_at_most_max_cache_bytes() {
+    let max = 64 << 10;
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.cache.core.max_cache_bytes = Some(max);
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let value = vec![b'v'; 1 << 10];
+    let first = direct
+        .put("/b/k0", value.clone(), None)
+        .await
+        .expect("put")
+        .header()
+        .expect("h")
+        .revision();
+    let mut last = first;
+    for i in 1..200 {
+        last = direct
+            .put(format!("/b/k{}", i % 50), value.clone(), None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+    }
+    env.wait_cache_rev(last).await;
+    let bytes = env.cache_metric("watchcache_ring_bytes", "").await;
+    assert!(bytes > 0.0 && bytes <= max as f64, "ring bytes {bytes} within {max}");
+    assert!(env.cache_metric("watchcache_ring_byte_evictions_total", "").await > 100.0);
+    // A watch from before the window still gets every event: etcd serves it.
+    let mut cached = env.cached().await;
+    let mut w = cached
+        .watch("/b/", Some(WatchOptions::new().with_prefix().with_start_revision(first)))
+        .await
+        .expect("watch");
+    let mut got = 0;
+    while got < 200 {
+        let m = tokio::time::timeout(Duration::from_secs(10), w.message())
+            .await
+            .expect("events")
+            .expect("ok")
+            .expect("msg");
+        got += m.events().len();
+    }
+    assert_eq!(got, 200);
+    assert!(env.server().metrics().watches().1 >= 1, "served by etcd");
+    // A Kubernetes-style watch from there gets 410, counted.
+    let r = reqwest::get(format!("{}/kube/b/?watch=true&resourceVersion={first}", env.http()))
+        .await
+        .expect("kube watch");
+    let text =
+        tokio::time::timeout(Duration::from_secs(5), r.text()).await.expect("ends").expect("text");
+    assert!(text.contains("\"code\":410"), "{text}");
+    assert!(env.cache_metric("watchcache_watch_expired_total", "").await >= 1.0);
+}

@@ -22,7 +22,7 @@ var knownFields = map[string][]string{
 		"watch_chan_size", "index_field", "interval_buffer_size", "request_timeout_ms", "seed",
 		"watch_list", "consistent_list_from_cache", "resilient_initialization", "list_from_cache_snapshot",
 		"watch_from_storage_without_rv", "storage_supports_progress", "consistent_list_skip_timeout_fallback",
-		"relist_delay_ms", "resource_prefix", "non_blocking_dispatch"},
+		"relist_delay_ms", "resource_prefix", "non_blocking_dispatch", "max_cache_bytes"},
 	"replace":       {"rv", "objects"},
 	"put":           {"rv", "object"},
 	"delete":        {"rv", "key"},
@@ -105,6 +105,9 @@ func noCounterpart(sc *scenario, cfg config, have map[string]bool) (string, map[
 	}
 	if cfg.Profile != "v1.30" && cfg.EventFreshMs < 75000 {
 		add("event_fresh_ms %d: EventsHistoryWindow below 75 s is refused by NewCacherFromConfig", cfg.EventFreshMs)
+	}
+	if cfg.MaxCacheBytes != nil {
+		add("max_cache_bytes %d: watchcache's bound on the ring's bytes; Kubernetes bounds it by event count only (kubernetes#142066)", *cfg.MaxCacheBytes)
 	}
 	if cfg.NonBlockingDispatch {
 		add("non_blocking_dispatch: watchcache's improvement; Kubernetes' one dispatcher waits for every blocked watcher (cacher.go dispatchEvent, cache_watcher.go add)")

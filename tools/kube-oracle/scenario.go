@@ -278,6 +278,7 @@ type config struct {
 	StorageSupportsProgress bool
 	RelistDelayMs           uint64
 	NonBlockingDispatch     bool
+	MaxCacheBytes           *uint64
 	ResourcePrefix          string // "": the scenario's first path segment (scenarioPrefix)
 }
 
@@ -351,6 +352,7 @@ func parseConfig(c map[string]json.RawMessage, profileOverride string) (config, 
 	cfg.StorageSupportsProgress = boolOr(c, "storage_supports_progress", true)
 	cfg.ResourcePrefix = strOr(c, "resource_prefix", "")
 	cfg.NonBlockingDispatch = boolOr(c, "non_blocking_dispatch", false)
+	cfg.MaxCacheBytes, _ = u64Field(c, "max_cache_bytes")
 	return cfg, nil
 }
 

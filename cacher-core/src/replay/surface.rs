@@ -140,6 +140,16 @@ pub const CONFIG_FIELDS: &[ConfigField] = &[
     flag!(non_blocking_dispatch),
     number!(relist_delay_ms, Size),
     ConfigField {
+        name: "max_cache_bytes",
+        get: |c| c.max_cache_bytes.map_or(FieldValue::Null, FieldValue::Size),
+        set: |c, f| {
+            if let Some(n) = f.opt_u64("max_cache_bytes")? {
+                c.max_cache_bytes = Some(n);
+            }
+            Ok(())
+        },
+    },
+    ConfigField {
         name: "resource_prefix",
         get: |c| c.resource_prefix.as_deref().map_or(FieldValue::Null, FieldValue::Str),
         set: |c, f| {
@@ -183,7 +193,7 @@ pub fn parse_config(v: &Value, path: &str) -> Result<Config, ScenarioError> {
 
 /// Every metric after its Kubernetes name (see [`Metrics`]), in the order `metrics()` lists
 /// them, with the histogram's bucket bounds (`read_wait_buckets_ms`) beside its counts.
-pub fn metrics_fields(m: &Metrics) -> [(&'static str, FieldValue<'_>); 23] {
+pub fn metrics_fields(m: &Metrics) -> [(&'static str, FieldValue<'_>); 24] {
     use FieldValue::{Count, Counts, CountsBy};
     [
         ("events_received", Count(m.events_received)),
@@ -209,6 +219,7 @@ pub fn metrics_fields(m: &Metrics) -> [(&'static str, FieldValue<'_>); 23] {
         ("deliveries", Count(m.deliveries)),
         ("bookmarks_sent", Count(m.bookmarks_sent)),
         ("watch_expired", Count(m.watch_expired)),
+        ("byte_evictions", Count(m.byte_evictions)),
     ]
 }
 
@@ -231,7 +242,7 @@ mod tests {
             };
             obj.insert(name.into(), j);
         }
-        assert_eq!(obj.len(), 28);
+        assert_eq!(obj.len(), 29);
         let back = parse_config(&Value::Object(obj), "config").unwrap();
         assert_eq!(config_fields(&back), config_fields(&c));
     }

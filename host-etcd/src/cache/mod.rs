@@ -685,6 +685,7 @@ impl CacheTask {
                     lagging: watchers.iter().filter(|w| w.state == WatcherState::Lagging).count(),
                     max_lag: watchers.iter().map(|w| w.lag).max().unwrap_or(0),
                     store_len: c.store_len(),
+                    ring_bytes: c.ring_bytes(),
                     ready: c.ready_state() == ReadyState::Ready,
                 });
             }
@@ -1167,6 +1168,7 @@ impl CacheTask {
             "window": {
                 "oldest_rv": w.oldest_rv, "newest_rv": w.newest_rv, "oldest_servable": w.oldest_servable,
                 "len": w.len, "capacity": w.capacity, "evicted_since_relist": w.evicted_since_relist,
+                "bytes": c.ring_bytes(), "max_bytes": c.config().max_cache_bytes,
             },
             "store": {"objects": c.store_len(), "snapshots": snapshots, "oldest_snapshot": oldest_snapshot},
             "watchers": {"count": watchers.len(), "listed": listed, "parked": c.parked_count(), "waiting_ready": self.waiting_ready.len()},

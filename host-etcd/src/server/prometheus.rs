@@ -271,6 +271,18 @@ impl Scrape {
             "Events and bookmarks delivered to watchers by the core",
             &per(&|c| c.metrics.deliveries),
         )?;
+        gauge(
+            enc,
+            "watchcache_ring_bytes",
+            "Bytes of the events in the ring (as --max-cache-bytes counts them)",
+            &per_g(&|c| c.ring_bytes as i64),
+        )?;
+        counter(
+            enc,
+            "watchcache_ring_byte_evictions",
+            "Events dropped from the ring because it held more than --max-cache-bytes",
+            &per(&|c| c.metrics.byte_evictions),
+        )?;
         counter(
             enc,
             "watchcache_watch_expired",
