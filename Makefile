@@ -19,7 +19,7 @@ GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && ech
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-devnull setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,6 +29,7 @@ run: setup-etcd web ## build and start watchcache on an embedded etcd, write sam
 	tools/run-demo.sh
 
 test: lint test-rust test-python test-wasm test-web test-oracle fuzz-smoke ## formatting, lints, every test (real etcd, Python, Node, Chromium, the Kubernetes oracle), a short fuzz run
+	@[ -c /dev/null ] || { echo "/dev/null was replaced by a regular file during make test" >&2; exit 1; }
 	@echo "make test: all passed"
 
 lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency rule
@@ -190,7 +191,19 @@ validate-slo-k8s: setup-kube setup-etcd setup-rust ## client-go reflectors that 
 	$(CARGO) build --release -p host-etcd --bin watchcache
 	$(TOOLS)/bin/kube-harness slo $(SLO_K8S_ARGS)
 
-setup-rust: setup-protoc
+# /dev/null must be the null device. Where a sandbox has a regular file there instead, whatever
+# a program writes to it stays, and the next reader gets it back: cargo's probe of the target
+# (`rustc -` with stdin from /dev/null) then compiles an old error message and every build fails
+# ("failed to run `rustc` to learn about target-specific information"). Repaired here, loudly.
+setup-devnull:
+	@if [ ! -c /dev/null ]; then \
+	  echo "/dev/null is not a character device ($$(stat -c %F /dev/null)): recreating it (mknod c 1 3)" >&2; \
+	  mknod -m 666 /dev/null.watchcache c 1 3 && mv -f /dev/null.watchcache /dev/null \
+	    || { echo "cannot recreate /dev/null: builds would read back what was written to it" >&2; exit 1; }; \
+	  rm -f $(ROOT)/target/.rustc_info.json; \
+	fi
+
+setup-rust: setup-devnull setup-protoc
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 
 # etcd's protos are compiled by etcd-client's build script, which needs protoc.
@@ -198,7 +211,7 @@ setup-protoc:
 	@command -v protoc >/dev/null || { echo "protoc not found: installing Debian's protobuf-compiler" >&2; \
 	  apt-get install -y protobuf-compiler || { apt-get update && apt-get install -y protobuf-compiler; }; }
 
-setup-etcd: ## etcd and etcdctl (version from tools/etcd/go.mod) in .tools/bin, built from etcd's Go modules
+setup-etcd: setup-devnull ## etcd and etcdctl (version from tools/etcd/go.mod) in .tools/bin, built from etcd's Go modules
 	@# (versions captured whole: grep -q or head on a pipe would SIGPIPE the writer under pipefail)
 	@have_etcd=$$($(TOOLS)/bin/etcd --version 2>/dev/null || true); have_ctl=$$($(TOOLS)/bin/etcdctl version 2>/dev/null || true); \
 	if grep -q "etcd Version: $(ETCD_VERSION)$$" <<<"$$have_etcd" && \
