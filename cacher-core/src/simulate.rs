@@ -31,15 +31,19 @@
 //!   unresponsive.
 //! - When the server ends a watch (unresponsive, reinitialising, timeout) the watcher re-watches
 //!   at once from the last RV it saw (an event or a bookmark: the cacher's `last_rv`); after a
-//!   disconnect of its own it waits `reconnect_delay_s` first. A rejected watch (429 while the
-//!   cache initialises, v1.34) is retried after its Retry-After.
-//! - After a 410 a watcher relists from etcd: `ceil(objects / objects_per_page)` range requests
-//!   (at least one) for every live object (etcd does not filter by label), at etcd's current
-//!   revision, then watches from there. client-go first lists at its last RV; if etcd has
-//!   compacted that revision it refuses it (one more range request, counted in
-//!   `etcd_list_410`) and the reflector lists again at resourceVersion "". (A simplification:
-//!   a real reflector's list at its last RV without a limit may be served by the watch cache;
-//!   here every relist is charged to etcd, and a list at an RV etcd still has reads its head.)
+//!   disconnect of its own it waits `reconnect_delay_s` first — exactly that long with
+//!   `watchers.backoff: "none"`, or until the first try of client-go's backoff (0.8 s doubling
+//!   to 30 s, jittered ×[1, 2), reset after 2 minutes: [`Backoff::ClientGo`]) at or after it.
+//!   A rejected watch (429 while the cache initialises, v1.34) is retried after its
+//!   Retry-After.
+//! - After a 410 a watcher relists (at once, or one backoff wait later with client-go's
+//!   backoff). With `watchers.relist_from: "etcd"` (the default) the relist is charged to etcd:
+//!   `ceil(objects / objects_per_page)` range requests (at least one) for every live object
+//!   (etcd does not filter by label), at etcd's current revision, then a watch from there; if
+//!   etcd has compacted the watcher's last RV it first refuses the list at it (one more range
+//!   request, counted in `etcd_list_410`). With `"cache"` it is what client-go really sends a
+//!   kube-apiserver with its watch cache: a list at the watcher's last RV without a limit,
+//!   which the cacher serves from memory; etcd sees it only when the cacher delegates it.
 //! - etcd compacts every `compaction_interval_s` to the revision it had one interval earlier
 //!   (kube-apiserver's compactor), and sends progress notifies every
 //!   `progress_notify_interval_s`; the cacher's progress requests are answered at once.
@@ -63,7 +67,9 @@
 //!             "bursts": [{"at_s": .., "duration_s": .., "rate_per_s": ..}]},
 //!  "watchers": {"count": 10, "bookmarks": true, "selector_fraction": 1,
 //!               "consume_rate_per_s": null, "consume_tick_ms": 100,
-//!               "slow_policy": "terminate", "timeout_s": null},
+//!               "slow_policy": "terminate", "timeout_s": null,
+//!               "backoff": "none",             // or "client-go"
+//!               "relist_from": "etcd"},        // or "cache"
 //!  "disconnects": {"rate_per_watcher_per_h": 0,
 //!                  "reconnect_delay_s": 1},  // or {"dist": "const", "value": s},
 //!                                            // {"dist": "exp", "mean": s},
@@ -180,6 +186,38 @@ pub struct Watchers {
     /// Watch timeout: each watch asks for a random timeout in `[t, 2t)` seconds, as client-go
     /// does with 5 minutes (`None`: no timeout).
     pub timeout_s: Option<f64>,
+    /// When a watcher comes back after a disconnect or a 410 ([`Backoff::None`]).
+    pub backoff: Backoff,
+    /// Where a relist after a 410 is served ([`RelistFrom::Etcd`]).
+    pub relist_from: RelistFrom,
+}
+
+/// When a disconnected or expired watcher tries again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backoff {
+    /// `"none"`: it re-watches exactly `reconnect_delay_s` after a disconnect and relists at once
+    /// after a 410.
+    None,
+    /// `"client-go"`: the reflector's backoff manager (`tools/cache/reflector.go`:
+    /// `NewExponentialBackoffManager(800ms, 30s, 2m, 2.0, 1.0)`): a refused watch is tried again
+    /// after 0.8 s, doubling to 30 s, each wait jittered ×[1, 2), starting again from 0.8 s when the
+    /// last wait began more than 2 minutes earlier. After a disconnect of `d` seconds the watch
+    /// resumes at the first try at or after `d` (the tries before it are refused); after a 410
+    /// the relist follows one wait later (`wait.BackoffUntil` around `ListAndWatch`).
+    ClientGo,
+}
+
+/// Where a watcher's relist after a 410 is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelistFrom {
+    /// `"etcd"`: every relist is charged to etcd (`ceil(objects / objects_per_page)` ranges at
+    /// etcd's head, one more refused range when the watcher's RV is compacted): kube-apiserver
+    /// with `--watch-cache=false`, or a client that paginates.
+    Etcd,
+    /// `"cache"`: what client-go does against a kube-apiserver with its watch cache: a list at
+    /// the watcher's last RV without a limit, served by the cacher from memory; etcd is charged
+    /// only when the cacher delegates the list.
+    Cache,
 }
 
 /// Client-side disconnects.
@@ -254,6 +292,8 @@ impl Default for Workload {
                 consume_tick_ms: 100,
                 slow_policy: SlowPolicy::Terminate,
                 timeout_s: None,
+                backoff: Backoff::None,
+                relist_from: RelistFrom::Etcd,
             },
             disconnects: Disconnects {
                 rate_per_watcher_per_h: 0.0,
@@ -548,6 +588,11 @@ const WATCH_PREFIX: &str = "/registry/pods/";
 const VALUE: &[u8] = b"{\"kind\":\"Pod\",\"apiVersion\":\"v1\"}";
 /// Backoff of a watcher whose watch ended the instant it started, or that failed otherwise.
 const BACKOFF_MS: u64 = 1000;
+/// client-go's reflector backoff (`tools/cache/reflector.go`, v0.34): 0.8 s initial wait, 30 s
+/// cap, reset after 2 minutes.
+const CLIENT_GO_BACKOFF_INITIAL_MS: f64 = 800.0;
+const CLIENT_GO_BACKOFF_CAP_MS: f64 = 30_000.0;
+const CLIENT_GO_BACKOFF_RESET_MS: u64 = 120_000;
 
 /// A simulation event; the heap orders by time, samples first, then by sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -604,6 +649,14 @@ struct SimWatcher {
     /// Events the slow client may still read.
     read_allowance: f64,
     selector: Selector,
+    /// A 410 ended the watch: the next try is a relist, not a watch.
+    pending_relist: bool,
+    /// The list in flight is a relist through the cacher (not the first list).
+    relisting: bool,
+    /// client-go's backoff manager: the next wait before jitter, in ms, and when the last wait
+    /// began.
+    backoff_ms: f64,
+    last_backoff_at: Option<u64>,
 }
 
 struct Sim<'w> {
@@ -687,6 +740,10 @@ impl<'w> Sim<'w> {
                 errored: false,
                 read_allowance: 0.0,
                 selector: watcher_selector(i, groups, matched),
+                pending_relist: false,
+                relisting: false,
+                backoff_ms: CLIENT_GO_BACKOFF_INITIAL_MS,
+                last_backoff_at: None,
             })
             .collect();
         let seed = wl.seed;
@@ -846,8 +903,8 @@ impl<'w> Sim<'w> {
             Ev::Reconnect { watcher, gen } => {
                 let w = &self.watchers[watcher as usize];
                 if w.gen == gen && w.watch.is_none() && w.list.is_none() {
-                    if w.resume_rv == 0 {
-                        self.relist_and_watch(watcher as usize);
+                    if w.pending_relist || w.resume_rv == 0 {
+                        self.relist(watcher as usize);
                     } else {
                         self.start_watch(watcher as usize);
                     }
@@ -1015,6 +1072,78 @@ impl<'w> Sim<'w> {
         }
     }
 
+    /// After a 410: list again (from etcd or through the cacher, as the workload says), then
+    /// watch from the list's revision.
+    fn relist(&mut self, i: usize) {
+        self.watchers[i].pending_relist = false;
+        match self.wl.watchers.relist_from {
+            RelistFrom::Etcd => self.relist_and_watch(i),
+            RelistFrom::Cache => {
+                // client-go: `relistResourceVersion()` is the last RV synced (a 410 on the watch
+                // does not mark it unavailable), and a relist at an RV lists without a limit.
+                self.c.relists += 1;
+                let rv = self.watchers[i].resume_rv;
+                let rv = if rv == 0 { RvParam::Zero } else { RvParam::At(rv) };
+                let mut req = ListRequest::new(self.range.clone(), rv);
+                req.selector = self.watchers[i].selector.clone();
+                match self.cacher.list(self.ts(), req) {
+                    Ok(id) => {
+                        self.bind(id, i);
+                        let w = &mut self.watchers[i];
+                        w.list = Some(id);
+                        w.relisting = true;
+                    }
+                    Err(_) => {
+                        self.charge_etcd_list(i, 1);
+                        self.watchers[i].resume_rv = self.etcd_rv;
+                        self.start_watch(i);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A list that reaches etcd in `pages` range requests (one more, refused, when the
+    /// watcher's RV is compacted).
+    fn charge_etcd_list(&mut self, i: usize, pages: u64) {
+        let rv = self.watchers[i].resume_rv;
+        if rv != 0 && rv < self.compacted_rv {
+            self.c.range_requests += 1;
+            self.c.list_410 += 1;
+        }
+        self.c.range_requests += pages;
+        self.c.range_objects += self.live;
+    }
+
+    /// The next wait of client-go's backoff manager for a try at `at` (ms, with jitter).
+    fn next_backoff(&mut self, i: usize, at: u64) -> u64 {
+        let w = &mut self.watchers[i];
+        if w.last_backoff_at.is_none_or(|t| at.saturating_sub(t) > CLIENT_GO_BACKOFF_RESET_MS) {
+            w.backoff_ms = CLIENT_GO_BACKOFF_INITIAL_MS;
+        }
+        w.last_backoff_at = Some(at);
+        let step = w.backoff_ms;
+        w.backoff_ms = (w.backoff_ms * 2.0).min(CLIENT_GO_BACKOFF_CAP_MS);
+        let jitter = unit(&mut self.rng_clients);
+        (libm::round(step * (1.0 + jitter)) as u64).max(1)
+    }
+
+    /// When a watcher whose connection is away until `back` is connected again: at once with
+    /// [`Backoff::None`]; with client-go's backoff, at its first try at or after `back` (the
+    /// first try is at once, the next after each wait).
+    fn return_time(&mut self, i: usize, back: u64) -> u64 {
+        match self.wl.watchers.backoff {
+            Backoff::None => back,
+            Backoff::ClientGo => {
+                let mut t = self.now;
+                while t < back {
+                    t += self.next_backoff(i, t);
+                }
+                t
+            }
+        }
+    }
+
     /// After a 410: list etcd, then watch from the list's revision.
     fn relist_and_watch(&mut self, i: usize) {
         if self.watchers[i].relisted_at == Some(self.now) {
@@ -1024,13 +1153,7 @@ impl<'w> Sim<'w> {
             return;
         }
         self.c.relists += 1;
-        let rv = self.watchers[i].resume_rv;
-        if rv != 0 && rv < self.compacted_rv {
-            self.c.range_requests += 1;
-            self.c.list_410 += 1;
-        }
-        self.c.range_requests += self.live.div_ceil(self.wl.etcd.objects_per_page).max(1);
-        self.c.range_objects += self.live;
+        self.charge_etcd_list(i, self.live.div_ceil(self.wl.etcd.objects_per_page).max(1));
         let w = &mut self.watchers[i];
         w.relisted_at = Some(self.now);
         w.resume_rv = self.etcd_rv;
@@ -1063,7 +1186,8 @@ impl<'w> Sim<'w> {
             Delay::Exp { mean } => exp_draw(&mut self.rng_clients, mean),
             Delay::Uniform { min, max } => min + (max - min) * unit(&mut self.rng_clients),
         };
-        self.reconnect_at(i, self.now + ms(delay));
+        let at = self.return_time(i, self.now + ms(delay));
+        self.reconnect_at(i, at);
     }
 
     fn consume_tick(&mut self) {
@@ -1133,9 +1257,16 @@ impl<'w> Sim<'w> {
                 Output::List { request, outcome } => {
                     let Some(i) = self.unbind(request) else { continue };
                     self.watchers[i].list = None;
+                    let relisting = core::mem::take(&mut self.watchers[i].relisting);
                     match outcome {
                         ReadOutcome::Cache(read) => {
                             self.watchers[i].resume_rv = read.rv;
+                            self.start_watch(i);
+                        }
+                        // The cacher delegated the relist: one unpaginated list of etcd.
+                        ReadOutcome::Storage { .. } if relisting => {
+                            self.charge_etcd_list(i, 1);
+                            self.watchers[i].resume_rv = self.etcd_rv;
                             self.start_watch(i);
                         }
                         ReadOutcome::Storage { .. } => self.relist_and_watch(i),
@@ -1150,6 +1281,8 @@ impl<'w> Sim<'w> {
                     }
                     if w.list == Some(request) {
                         w.list = None;
+                        // A refused relist is tried again as a relist.
+                        w.pending_relist |= core::mem::take(&mut w.relisting);
                     }
                     let after = u64::from(status.retry_after_s.unwrap_or(1)) * 1000;
                     self.reconnect_at(i, self.now + after.max(1));
@@ -1198,7 +1331,15 @@ impl<'w> Sim<'w> {
         let expired = core::mem::take(&mut w.expired);
         let errored = core::mem::take(&mut w.errored);
         if expired {
-            self.relist_and_watch(i);
+            match self.wl.watchers.backoff {
+                Backoff::None => self.relist(i),
+                // `wait.BackoffUntil` waits one step before `ListAndWatch` lists again.
+                Backoff::ClientGo => {
+                    self.watchers[i].pending_relist = true;
+                    let wait = self.next_backoff(i, self.now);
+                    self.reconnect_at(i, self.now + wait);
+                }
+            }
             return;
         }
         match cause {
@@ -1528,7 +1669,8 @@ mod json {
     use serde_json::Value;
 
     use super::{
-        Burst, Delay, Disconnects, Etcd, Report, Restart, Watchers, Workload, WorkloadError, Writes,
+        Backoff, Burst, Delay, Disconnects, Etcd, RelistFrom, Report, Restart, Watchers, Workload,
+        WorkloadError, Writes,
     };
     use crate::replay::json::{kind_of, Fields};
     use crate::replay::{parse_config, ScenarioError};
@@ -1709,6 +1851,30 @@ mod json {
             };
         }
         w.timeout_s = non_negative(&mut f, "timeout_s")?;
+        if let Some(b) = f.opt_string("backoff")? {
+            w.backoff = match b.as_str() {
+                "none" => Backoff::None,
+                "client-go" => Backoff::ClientGo,
+                other => {
+                    return Err(WorkloadError::new(
+                        "watchers.backoff",
+                        format!("expected \"none\" or \"client-go\", got {other:?}"),
+                    ))
+                }
+            };
+        }
+        if let Some(r) = f.opt_string("relist_from")? {
+            w.relist_from = match r.as_str() {
+                "etcd" => RelistFrom::Etcd,
+                "cache" => RelistFrom::Cache,
+                other => {
+                    return Err(WorkloadError::new(
+                        "watchers.relist_from",
+                        format!("expected \"etcd\" or \"cache\", got {other:?}"),
+                    ))
+                }
+            };
+        }
         f.finish()?;
         Ok(w)
     }

@@ -125,6 +125,86 @@ fn compacted_resume_revisions_cost_one_refused_list_each() {
 }
 
 #[test]
+fn client_go_relists_after_a_410_are_served_by_the_cache_not_etcd() {
+    let w = |relist_from: &str| {
+        sim(json!({
+            "duration_s": 300,
+            "config": {"capacity": 100, "dynamic_capacity": false},
+            "writes": {"rate_per_s": 100, "keys": 1000},
+            "watchers": {"count": 40, "relist_from": relist_from},
+            "disconnects": {"rate_per_watcher_per_h": 120, "reconnect_delay_s": 30},
+            "etcd": {"objects_per_page": 500, "compaction_interval_s": 5}
+        }))
+        .summary
+    };
+    let (etcd, cache) = (w("etcd"), w("cache"));
+    assert!(etcd.relists > 20 && cache.relists > 20, "{} {}", etcd.relists, cache.relists);
+    assert_eq!(cache.relists, cache.watch_410, "each 410 is still one relist");
+    // From etcd: 2 pages per relist, plus a refused list at every compacted RV.
+    assert_eq!(etcd.etcd_range_requests, 2 * etcd.relists + etcd.etcd_list_410 + 1);
+    assert!(etcd.etcd_list_410 > 0);
+    // Through the cache (a list at the last RV without a limit): only the cache's own list.
+    assert_eq!((cache.etcd_range_requests, cache.etcd_list_410), (1, 0));
+    assert_eq!(cache.cache_lists, 1);
+}
+
+#[test]
+fn client_go_backoff_brings_watchers_back_later_than_the_outage() {
+    // One disconnect each (rate 1/h over 60 s is rare): use a high rate and a window that
+    // holds everything, so every return is a plain re-watch; compare when they come back.
+    let w = |backoff: &str| {
+        sim(json!({
+            "duration_s": 600, "seed": 3,
+            "config": {"capacity": 1000000, "dynamic_capacity": false},
+            "writes": {"rate_per_s": 10},
+            "watchers": {"count": 200, "backoff": backoff},
+            "disconnects": {"rate_per_watcher_per_h": 60, "reconnect_delay_s": 30}
+        }))
+    };
+    let (none, go) = (w("none"), w("client-go"));
+    for r in [&none, &go] {
+        assert_eq!(r.summary.watch_410, 0);
+        assert!(r.summary.disconnects > 100, "{}", r.summary.disconnects);
+    }
+    // Mean time away, from the watchers connected: (count − connected) integrated over time.
+    let away = |r: &Report| {
+        let s: f64 = r.series.iter().map(|x| f64::from(200 - x.connected_watchers)).sum();
+        s / r.summary.disconnects as f64
+    };
+    let (a_none, a_go) = (away(&none), away(&go));
+    // Exactly 30 s without backoff; client-go's first try at or after 30 s comes 5–15 s later
+    // (tries at 0, 0.8–1.6, then doubling waits with jitter).
+    assert!((a_none - 30.0).abs() < 2.0, "{a_none}");
+    assert!(a_go > a_none + 4.0 && a_go < a_none + 16.0, "{a_none} {a_go}");
+}
+
+#[test]
+fn client_go_relists_wait_one_backoff_step_after_the_410() {
+    let w = |backoff: &str| {
+        sim(json!({
+            "duration_s": 300,
+            "config": {"capacity": 100, "dynamic_capacity": false},
+            "writes": {"rate_per_s": 100},
+            "watchers": {"count": 40, "backoff": backoff, "relist_from": "cache"},
+            "disconnects": {"rate_per_watcher_per_h": 120, "reconnect_delay_s": 5}
+        }))
+        .summary
+    };
+    let (none, go) = (w("none"), w("client-go"));
+    assert!(go.watch_410 > 20, "{}", go.watch_410);
+    // Every 410 is relisted one wait later (the waits have grown with the retries of the
+    // disconnects before: up to 30 s ×[1, 2)), so at the end some watchers still wait, at
+    // most one relist each.
+    assert!(
+        go.relists < go.watch_410 && go.relists + 40 >= go.watch_410,
+        "{} relists for {} 410s",
+        go.relists,
+        go.watch_410
+    );
+    assert_eq!(none.relists, none.watch_410);
+}
+
+#[test]
 fn bookmarks_keep_selective_watchers_resumable() {
     let w = |bookmarks: bool| {
         json!({
@@ -282,6 +362,8 @@ fn errors_name_the_field() {
         (json!({"watchers": {"count": 200000}}), "watchers.count: must be at most 100000, got 200000"),
         (json!({"watchers": {"selector_fraction": 2}}), "watchers.selector_fraction: must be between 0 and 1, got 2"),
         (json!({"watchers": {"slow_policy": "drop"}}), "watchers.slow_policy: expected \"terminate\" or \"lag\", got \"drop\""),
+        (json!({"watchers": {"backoff": "exp"}}), "watchers.backoff: expected \"none\" or \"client-go\", got \"exp\""),
+        (json!({"watchers": {"relist_from": "disk"}}), "watchers.relist_from: expected \"etcd\" or \"cache\", got \"disk\""),
         (json!({"writes": {"keys": 0}}), "writes.keys: must be between 1 and 10000000, got 0"),
         (
             json!({"writes": {"bursts": [{"at_s": 1, "duration_s": 2, "rate_per_s": -3}]}}),

@@ -251,10 +251,22 @@ async fn compaction_under_load() {
     );
     let hist: Vec<_> = truth_rec.events().cloned().collect();
     let mut violations = Vec::new();
-    for (s, rec) in fast.iter_mut() {
+    // All ten at once: they share one connection, and a stream left unread while another is
+    // drained would hold the connection's HTTP/2 window with its backlog.
+    futures::future::join_all(fast.iter_mut().map(|(s, rec)| async move {
         let _ = s.request_progress().await;
         collect(s, rec, end, Duration::from_secs(15)).await;
-        assert!(rec.last_rev() >= end, "{}: incomplete at {} of {end}", rec.name, rec.last_rev());
+    }))
+    .await;
+    for (_, rec) in fast.iter_mut() {
+        assert!(
+            rec.last_rev() >= end,
+            "{}: incomplete at {} of {end} (canceled: {:?}, error: {:?})",
+            rec.name,
+            rec.last_rev(),
+            rec.canceled(),
+            rec.error
+        );
         violations.extend(check(&hist, rec));
     }
     let (s, rec) = &mut slow;
