@@ -19,7 +19,7 @@ GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && ech
 NIGHTLY ?= nightly
 CARGO_FUZZ_VERSION ?= 0.13.2
 
-.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-devnull setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-smoke bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-devnull setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -28,7 +28,7 @@ run: setup-etcd web ## build and start watchcache on an embedded etcd, write sam
 	$(CARGO) build -q --release -p host-etcd --bin watchcache
 	tools/run-demo.sh
 
-test: lint test-rust test-python test-wasm test-web test-oracle fuzz-smoke ## formatting, lints, every test (real etcd, Python, Node, Chromium, the Kubernetes oracle), a short fuzz run
+test: lint test-rust test-python test-wasm test-web test-oracle robustness-smoke bench-smoke fuzz-smoke ## formatting, lints, every test (real etcd, Python, Node, Chromium, the Kubernetes oracle), short runs of the robustness suite, the host benchmark and the fuzzers
 	@[ -c /dev/null ] || { echo "/dev/null was replaced by a regular file during make test" >&2; exit 1; }
 	@echo "make test: all passed"
 
@@ -93,6 +93,13 @@ bench-host: setup-rust setup-etcd ## watch load on the etcd gRPC API: etcd vs gr
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
 	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache \
 	  $(ROOT)/target/release/examples/bench_host $(BENCH_HOST_ARGS)
+
+# bench-host's short version, inside make test: every target at a tenth of the load (about 2
+# minutes), failing unless every phase ran and every watcher got every event exactly once.
+bench-smoke: setup-rust setup-etcd ## (part of make test) bench_host --quick --check, results in target/bench-smoke.json
+	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
+	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache BENCH_OUT=$(ROOT)/target/bench-smoke.json \
+	  $(ROOT)/target/release/examples/bench_host --quick --check
 
 # The 100 000-watcher run (issue 12): bench_host --scale (BENCH_SCALE_ARGS=--quick: 10 000).
 BENCH_SCALE_ARGS ?=

@@ -855,6 +855,7 @@ export interface SimulationSummary {
     watch_410: bigint;
     watch_errors: bigint;
     relists: bigint;
+    relists_pending: bigint;
     cache_lists: bigint;
     etcd_range_requests: bigint;
     etcd_range_objects: bigint;

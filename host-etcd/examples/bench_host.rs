@@ -83,6 +83,10 @@ pub(crate) struct Args {
     /// A smoke run: about 10x smaller numbers (watchers, rate, duration, keys).
     #[arg(long)]
     pub(crate) quick: bool,
+    /// Exit 1 unless every count closes: no phase failed, 0 missing and 0 duplicate events
+    /// everywhere (what `make test` asks of its smoke run).
+    #[arg(long)]
+    pub(crate) check: bool,
     /// Watchers on the prefix in A, B and C (default 1000; --scale: 100000).
     #[arg(long, env = "BENCH_WATCHERS")]
     pub(crate) watchers: Option<usize>,
@@ -1026,12 +1030,45 @@ async fn run(args: Args) -> Result<(), String> {
     let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
     std::fs::write(&out_path, text).map_err(|e| format!("{}: {e}", out_path.display()))?;
     eprintln!("wrote {}", out_path.display());
+    let check = args.check;
     drop(env);
     if std::env::var_os("BENCH_KEEP_LOGS").is_some() {
         let kept = tmp.keep();
         eprintln!("logs kept in {}", kept.display());
     }
+    if check {
+        let mut problems = Vec::new();
+        count_problems(&doc, "", &mut problems);
+        if !problems.is_empty() {
+            return Err(format!("--check: {}", problems.join("; ")));
+        }
+        eprintln!("--check: every phase ran, 0 missing and 0 duplicates");
+    }
     Ok(())
+}
+
+/// Every `error`, and every non-zero `missing` or `duplicates`, anywhere in the results.
+fn count_problems(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match (k.as_str(), x) {
+                    ("error", serde_json::Value::String(e)) => out.push(format!("{here}: {e}")),
+                    ("missing" | "duplicates", x) if x.as_u64().is_some_and(|n| n > 0) => {
+                        out.push(format!("{here} = {x}"))
+                    }
+                    _ => count_problems(x, &here, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                count_problems(x, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn main() -> std::process::ExitCode {
