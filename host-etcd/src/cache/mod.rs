@@ -468,6 +468,10 @@ pub(crate) struct CacheTask {
     last_check: Option<serde_json::Value>,
     /// Test hook: the next revision from the reflector is not applied.
     drop_next_revision: bool,
+    /// The newest revision handed to the core, applied or still held by it (after a relist
+    /// with etcd's history, hundreds can wait): where a watch from "now" starts, since a client
+    /// may already have seen any of them acknowledged.
+    received_rv: u64,
     /// One copy of each watched range, so that the core checks a range once per event for all
     /// the watchers that share it.
     interned: HashMap<KeyRange, KeyRange>,
@@ -525,6 +529,7 @@ pub(crate) fn new_cache(
         next_nudge: None,
         last_check: None,
         drop_next_revision: false,
+        received_rv: 0,
         interned: HashMap::default(),
     };
     Ok(NewCache { handle, task, storage_tx, ctl_rx })
@@ -737,7 +742,9 @@ impl CacheTask {
         }
         let rv = self.cacher.resource_version();
         let (start_after, servable) = if start.start_rev == 0 {
-            (rv, true)
+            // "Now" is the newest revision received, not the newest applied: the events the
+            // core still holds happened before the create, and etcd would not send them.
+            (rv.max(self.received_rv), true)
         } else {
             let status = CacheStatus {
                 ready: true,
@@ -795,6 +802,16 @@ impl CacheTask {
 
     fn on_storage(&mut self, msg: StorageMsg) {
         let now = self.clock.now();
+        self.received_rv = match &msg {
+            StorageMsg::Replace { rv, .. } => *rv,
+            StorageMsg::Backfill { rv, revisions, seen, .. } => {
+                (*rv).max(*seen).max(revisions.last().map_or(0, |(r, _)| *r))
+            }
+            StorageMsg::Revision { rv, .. } | StorageMsg::Progress { rv } => {
+                self.received_rv.max(*rv)
+            }
+            _ => self.received_rv,
+        };
         let result = match msg {
             StorageMsg::Replace { rv, objects } => {
                 let n = objects.len();
