@@ -812,6 +812,7 @@ export interface Metrics {
     deliveries: bigint;
     bookmarks_sent: bigint;
     watch_expired: bigint;
+    byte_evictions: bigint;
 }
 
 /** An object of a LIST or GET record of a trace. */
