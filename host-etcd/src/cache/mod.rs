@@ -430,6 +430,8 @@ pub(crate) enum Waiter {
     Read(RequestId),
     /// A fresh frontier query.
     Frontier(Box<FrontierQuery>),
+    /// An etcd watch from "now": it starts at etcd's current revision (or later).
+    FromNow(Box<EtcdWatchStart>),
 }
 
 /// Waiters for etcd's current revision.
@@ -702,6 +704,10 @@ impl CacheTask {
                             let deadline = Instant::now() + Duration::from_secs(3);
                             self.frontiers_waiting.push((rv, deadline, q));
                         }
+                        Waiter::FromNow(start) if rv >= u64::MAX / 2 => {
+                            refuse(&start, "etcd did not say its current revision")
+                        }
+                        Waiter::FromNow(start) => self.start_from_now(now, start, rv),
                     }
                 }
                 self.answer_caught_up_frontiers();
@@ -740,12 +746,14 @@ impl CacheTask {
             }
             return;
         }
-        let rv = self.cacher.resource_version();
-        let (start_after, servable) = if start.start_rev == 0 {
-            // "Now" is the newest revision received, not the newest applied: the events the
-            // core still holds happened before the create, and etcd would not send them.
-            (rv.max(self.received_rv), true)
-        } else {
+        if start.start_rev == 0 {
+            // "Now" is etcd's: a client may have seen any write up to etcd's current revision
+            // acknowledged, and etcd would send none of them to a watch created after. One
+            // quorum read, shared by every from-now watch (and consistent read) meanwhile.
+            self.fresh_wait(Waiter::FromNow(start));
+            return;
+        }
+        let (start_after, servable) = {
             let status = CacheStatus {
                 ready: true,
                 oldest_servable: self.cacher.window().oldest_servable,
@@ -758,6 +766,29 @@ impl CacheTask {
             refuse(&start, &format!("revision {} is outside the cache's window", start.start_rev));
             return;
         }
+        self.register_etcd_watch(now, start, start_after);
+    }
+
+    /// A from-now watch once etcd said its current revision `etcd_rv`: it starts after it, or
+    /// after the newest revision the cache received if that is later (events the core still
+    /// holds happened before the create too).
+    fn start_from_now(&mut self, now: Timestamp, start: Box<EtcdWatchStart>, etcd_rv: u64) {
+        if self.cacher.ready_state() != ReadyState::Ready {
+            refuse(&start, "the cache is not ready");
+            return;
+        }
+        let after = etcd_rv.max(self.received_rv).max(self.cacher.resource_version());
+        self.register_etcd_watch(now, start, after);
+        self.collect();
+    }
+
+    /// Registers an etcd-style watch in the core: its events are those after `start_after`.
+    fn register_etcd_watch(
+        &mut self,
+        now: Timestamp,
+        start: Box<EtcdWatchStart>,
+        start_after: u64,
+    ) {
         let range = self.intern(start.range.clone());
         let mut req = WatchRequest::new(range, RvParam::At(start_after));
         req.consume = cacher_core::ConsumeMode::Manual;
