@@ -16,7 +16,8 @@ WASM_OUT := $(ROOT)/target/wasm32-unknown-unknown/wasm-release/watchcache_wasm.w
 FUZZ_SECONDS ?= 15
 ETCD_VERSION := $(shell sed -n 's|^\tgo.etcd.io/etcd/server/v3 v\(.*\)$$|\1|p' tools/etcd/go.mod)
 GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
-NIGHTLY ?= nightly
+# A dated nightly (the fuzzers only): a moving one changes the compiler under CI between runs.
+NIGHTLY ?= nightly-2026-10-29
 CARGO_FUZZ_VERSION ?= 0.13.2
 
 .PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-smoke bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-devnull setup-fuzz setup-python clean
@@ -42,12 +43,18 @@ lint: setup-rust ## rustfmt, clippy (warnings are errors), the core's dependency
 	@if $(CARGO) tree -p cacher-core -e normal --prefix none | grep -E '^(tokio|pyo3|wasm-bindgen|js-sys|etcd-client|tonic) ' ; then \
 	  echo "cacher-core depends on a host crate" >&2; exit 1; fi
 
+# TRIM_DEBUG_BUILD=1 (set by .ci/run) removes target/debug once the tests have run: nothing later
+# in make test uses it (the Python, oracle, robustness and bench targets use the release server),
+# and it is the largest part of a cold run's disk.
 test-rust: setup-rust setup-etcd ## cargo test for the whole workspace (host tests start a real etcd)
 	WATCHCACHE_ETCD_BIN=$(TOOLS)/bin/etcd WATCHCACHE_ETCDCTL_BIN=$(TOOLS)/bin/etcdctl $(CARGO) test --workspace
+	@if [ -n "$${TRIM_DEBUG_BUILD:-}" ]; then echo "TRIM_DEBUG_BUILD: removing target/debug ($$(du -sh target/debug | cut -f1))"; rm -rf target/debug; fi
 
 fuzz-smoke: setup-fuzz ## run each fuzz target for $(FUZZ_SECONDS)s (nightly + cargo-fuzz)
 	cd fuzz && for t in scenario selector ops; do \
 	  mkdir -p corpus/$$t; seeds=""; [ $$t = scenario ] && seeds="$(ROOT)/scenarios"; \
+	  PATH="$(TOOLS)/bin:$$PATH" $(CARGO) +$(NIGHTLY) fuzz build --sanitizer none $$t \
+	    || { echo "fuzz target $$t did not build (the compiler's or linker's error is above); disk here:" >&2; df -h . >&2; exit 1; }; \
 	  PATH="$(TOOLS)/bin:$$PATH" $(CARGO) +$(NIGHTLY) fuzz run --sanitizer none $$t corpus/$$t $$seeds -- \
 	    -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=4096 -artifact_prefix=$(ROOT)/fuzz/artifacts/ \
 	    || { echo "fuzz target $$t failed: see fuzz/artifacts/ (commit the crasher under cacher-core/tests/fuzz_regressions/$$t/)" >&2; exit 1; }; \
@@ -57,9 +64,12 @@ python: setup-python ## build the Python extension (abi3 wheel) and install it i
 	PATH="$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ROOT)/target $(VENV)/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./bindings-python
 
 # The surface test compares Python's Cacher with the JS one (the wasm package, run by node).
+# The CLI it runs is the release build that the robustness and bench targets use too: a debug
+# `cargo build -p host-etcd` would be a second debug build of the server beside `cargo test
+# --workspace`'s, since the workspace's dev-dependencies turn on other features of its dependencies.
 test-python: python wasm ## pytest: scenarios, API, errors, hypothesis, stubs, doctests, the notebooks, parity with JS
-	$(CARGO) build -q -p host-etcd --bin watchcache
-	cd bindings-python && WATCHCACHE_CLI=$(ROOT)/target/debug/watchcache $(VENV)/bin/python -m pytest -q -p no:cacheprovider -rs tests
+	$(CARGO) build -q --release -p host-etcd --bin watchcache
+	cd bindings-python && WATCHCACHE_CLI=$(ROOT)/target/release/watchcache $(VENV)/bin/python -m pytest -q -p no:cacheprovider -rs tests
 
 bench-python: python ## replay of a 100 000-event scenario, Python vs Rust (figures in BENCHMARKS.md)
 	$(CARGO) build -q --release -p cacher-core --example replay_bench
@@ -172,8 +182,8 @@ setup-kube-oracle: ## kube-oracle-v1.30/v1.34/v1.37 in .tools/bin, built against
 	@for p in $(KUBE_ORACLE_PROFILES); do GO=$(GO) tools/kube-oracle/build.sh $$p || exit 1; done
 
 oracle-diff: setup-kube-oracle setup-rust ## every scenario through watchcache replay and the real Kubernetes cacher; fails on a difference not in tools/kube-oracle/allow.txt
-	$(CARGO) build -q -p host-etcd --bin watchcache
-	$(TOOLS)/bin/kube-oracle-v1.30 diff -watchcache $(ROOT)/target/debug/watchcache -bin $(TOOLS)/bin $(ORACLE_DIFF_ARGS)
+	$(CARGO) build -q --release -p host-etcd --bin watchcache
+	$(TOOLS)/bin/kube-oracle-v1.30 diff -watchcache $(ROOT)/target/release/watchcache -bin $(TOOLS)/bin $(ORACLE_DIFF_ARGS)
 
 oracle-changes: setup-kube-oracle ## what the v1.37 cacher does differently from v1.34's on every scenario (both run as each profile)
 	$(TOOLS)/bin/kube-oracle-v1.30 diff -left oracle:v1.34 -right oracle:v1.37 -bin $(TOOLS)/bin $(ORACLE_DIFF_ARGS) || true

@@ -98,9 +98,9 @@ def test_example_workloads_match_the_cli():
         w["duration_s"] = min(w.get("duration_s", 60), 30)
         r = watchcache.simulate(w)
         assert r["summary"]["events_written"] > 0, f.name
-    # make test-python builds the CLI and names it; run alone, build it first (cargo build -p host-etcd).
-    cli = pathlib.Path(os.environ.get("WATCHCACHE_CLI", ROOT / "target" / "debug" / "watchcache"))
-    assert cli.exists(), f"{cli} not built: cargo build -p host-etcd --bin watchcache (make test-python does)"
+    # make test-python builds the CLI and names it; run alone, build it first.
+    cli = pathlib.Path(os.environ.get("WATCHCACHE_CLI", ROOT / "target" / "release" / "watchcache"))
+    assert cli.exists(), f"{cli} not built: cargo build --release -p host-etcd --bin watchcache (make test-python does)"
     f = WORKLOADS[0]
     w = json.loads(f.read_text())
     w["duration_s"] = 20

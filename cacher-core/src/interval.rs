@@ -98,7 +98,16 @@ impl Initial {
                         "cache interval invalidated, interval startIndex: {next}"
                     ));
                 }
-                let stop = (*end).min(next.saturating_add(size as u64));
+                let mut stop = (*end).min(next.saturating_add(size as u64));
+                // Whole revisions only (a host's etcd transactions put several events in one):
+                // were the ring to evict the rest of one before the next fill, the replay would
+                // have sent part of it before it is invalidated. Kubernetes' revisions hold one
+                // event each, so for them this changes nothing.
+                let last_rv = stop.checked_sub(1).and_then(|i| ring.get(i)).map(|e| e.rv());
+                while stop < *end && ring.get(stop).map(|e| e.rv()) == last_rv && last_rv.is_some()
+                {
+                    stop += 1;
+                }
                 for i in *next..stop {
                     if let Some(ev) = ring.get(i) {
                         if let Some(kind) = w.classify(ev) {
@@ -177,26 +186,55 @@ mod tests {
         Watcher::for_tests(KeyRange::kubernetes(prefix, true).expect("a range"))
     }
 
+    /// How many events each fill of `size` added, until the interval is exhausted.
+    fn fill_sizes(it: &mut Initial, w: &Watcher, r: &Ring, size: usize) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        loop {
+            let before = it.buffer.len();
+            match it.refill(w, r, size) {
+                Refill::More => sizes.push(it.buffer.len() - before),
+                Refill::Exhausted => return sizes,
+                Refill::Invalidated(m) => panic!("invalidated: {m}"),
+            }
+        }
+    }
+
     #[test]
     fn fills_size_ring_entries_at_a_time_filtered_for_the_watcher() {
         let mut r = ring(100);
         fill(&mut r, 1, 10);
         let w = watcher("/a/");
         let mut it = Initial::from_ring(r.start_index(), r.end_index());
-        let mut sizes = Vec::new();
-        loop {
-            let before = it.buffer.len();
-            match it.refill(&w, &r, 4) {
-                Refill::More => sizes.push(it.buffer.len() - before),
-                Refill::Exhausted => break,
-                Refill::Invalidated(m) => panic!("invalidated: {m}"),
-            }
-        }
+        let sizes = fill_sizes(&mut it, &w, &r, 4);
         // Ring entries 0..4, 4..8, 8..10: two, two and one of them under /a/.
         assert_eq!(sizes, [2, 2, 1]);
         let rvs: Vec<u64> = it.buffer.iter().map(WatchEvent::rv).collect();
         assert_eq!(rvs, [1, 3, 5, 7, 9]);
         assert!(it.is_source_exhausted());
+    }
+
+    #[test]
+    fn a_fill_ends_with_a_whole_revision() {
+        // Three revisions of three events each (a transaction each: etcd, not Kubernetes).
+        let mut r = ring(100);
+        for rv in 1..=3u64 {
+            for k in 0..3 {
+                let key = format!("/a/{rv}-{k}");
+                let ev = Event::put(
+                    Arc::new(Object::new(key.as_bytes(), Some(b"v"), rv)),
+                    None,
+                    Timestamp::from_millis(rv),
+                );
+                r.push(Arc::new(ev), Timestamp::from_millis(rv));
+            }
+        }
+        let w = watcher("/a/");
+        let mut it = Initial::from_ring(r.start_index(), r.end_index());
+        let fills = fill_sizes(&mut it, &w, &r, 4);
+        // Four entries reach into revision 2: the fill takes the rest of it. Were the ring to
+        // evict revision 2's last events before the next fill, the replay would have sent part
+        // of a revision before it is invalidated (robustness seed 10: two events lost).
+        assert_eq!(fills, [6, 3]);
     }
 
     #[test]

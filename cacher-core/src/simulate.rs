@@ -1758,6 +1758,22 @@ mod json {
         out
     }
 
+    /// A `watchers.<field>` string naming one of two values.
+    fn one_of<T: Copy>(
+        f: &mut Fields<'_>,
+        field: &'static str,
+        choices: [(&str, T); 2],
+    ) -> Result<Option<T>, WorkloadError> {
+        let Some(got) = f.opt_string(field)? else { return Ok(None) };
+        match choices.iter().find(|(name, _)| *name == got) {
+            Some((_, v)) => Ok(Some(*v)),
+            None => Err(WorkloadError::new(
+                format!("watchers.{field}"),
+                format!("expected {:?} or {:?}, got {got:?}", choices[0].0, choices[1].0),
+            )),
+        }
+    }
+
     fn non_negative(f: &mut Fields<'_>, field: &'static str) -> Result<Option<f64>, ScenarioError> {
         match f.raw(field) {
             None => Ok(None),
@@ -1887,42 +1903,25 @@ mod json {
         if let Some(t) = f.opt_u64("consume_tick_ms")? {
             w.consume_tick_ms = t;
         }
-        if let Some(p) = f.opt_string("slow_policy")? {
-            w.slow_policy = match p.as_str() {
-                "terminate" => SlowPolicy::Terminate,
-                "lag" => SlowPolicy::Lag,
-                other => {
-                    return Err(WorkloadError::new(
-                        "watchers.slow_policy",
-                        format!("expected \"terminate\" or \"lag\", got {other:?}"),
-                    ))
-                }
-            };
+        if let Some(p) = one_of(
+            &mut f,
+            "slow_policy",
+            [("terminate", SlowPolicy::Terminate), ("lag", SlowPolicy::Lag)],
+        )? {
+            w.slow_policy = p;
         }
         w.timeout_s = non_negative(&mut f, "timeout_s")?;
-        if let Some(b) = f.opt_string("backoff")? {
-            w.backoff = match b.as_str() {
-                "none" => Backoff::None,
-                "client-go" => Backoff::ClientGo,
-                other => {
-                    return Err(WorkloadError::new(
-                        "watchers.backoff",
-                        format!("expected \"none\" or \"client-go\", got {other:?}"),
-                    ))
-                }
-            };
+        if let Some(b) =
+            one_of(&mut f, "backoff", [("none", Backoff::None), ("client-go", Backoff::ClientGo)])?
+        {
+            w.backoff = b;
         }
-        if let Some(r) = f.opt_string("relist_from")? {
-            w.relist_from = match r.as_str() {
-                "etcd" => RelistFrom::Etcd,
-                "cache" => RelistFrom::Cache,
-                other => {
-                    return Err(WorkloadError::new(
-                        "watchers.relist_from",
-                        format!("expected \"etcd\" or \"cache\", got {other:?}"),
-                    ))
-                }
-            };
+        if let Some(r) = one_of(
+            &mut f,
+            "relist_from",
+            [("etcd", RelistFrom::Etcd), ("cache", RelistFrom::Cache)],
+        )? {
+            w.relist_from = r;
         }
         f.finish()?;
         Ok(w)

@@ -36,11 +36,16 @@ use std::time::{Duration, Instant};
 
 use cacher_core::simulate::{self, Delay, Workload};
 use clap::Parser;
-use futures::StreamExt;
 use host_etcd::etcd_launcher::free_port;
 use host_etcd::{EmbeddedEtcd, EtcdOptions};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
+
+// The HTTP client the host tests use (GET, status, a streamed body). The test binary, which
+// also includes this file, has it as `support::http` too.
+#[allow(clippy::duplicate_mod)]
+#[path = "../tests/support/http.rs"]
+mod http;
 
 #[derive(Parser)]
 #[command(about = "Plays simulate() workloads against a real etcd + watchcache, and compares")]
@@ -242,9 +247,9 @@ impl Server {
             .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        let client = reqwest::Client::new();
+        let client = http::Client::new();
         loop {
-            if let Ok(r) = client.get(format!("{}/readyz", self.http)).send().await {
+            if let Ok(r) = client.get(format!("{}/readyz", self.http)).await {
                 if r.status().is_success() {
                     return Ok(());
                 }
@@ -267,7 +272,7 @@ impl Server {
 struct Run {
     w: Workload,
     http: String,
-    client: reqwest::Client,
+    client: http::Client,
     counts: Counts,
     done: AtomicBool,
     groups: u32,
@@ -290,7 +295,7 @@ impl Run {
         if let Some(s) = sel {
             url.push_str(&format!("&labelSelector={s}"));
         }
-        let r = self.client.get(url).send().await.map_err(|_| 0u16)?;
+        let r = self.client.get(url).await.map_err(|_| 0u16)?;
         if !r.status().is_success() {
             return Err(r.status().as_u16());
         }
@@ -374,7 +379,7 @@ async fn watch(
     if let Some(s) = sel {
         url.push_str(&format!("&labelSelector={s}"));
     }
-    let resp = match run.client.get(url).send().await {
+    let mut resp = match run.client.get(url).await {
         Ok(r) => r,
         Err(_) => {
             add(&run.counts.connect_failures);
@@ -396,11 +401,10 @@ async fn watch(
         tokio::time::Instant::now() + Duration::from_secs(86_400)
     };
     let end = tokio::time::Instant::from_std(run.end);
-    let mut body = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let chunk = tokio::select! {
-            c = body.next() => c,
+            c = resp.chunk() => c,
             _ = tokio::time::sleep_until(disconnect) => return WatchEnd::Disconnected,
             _ = tokio::time::sleep_until(end) => return WatchEnd::Done,
         };
@@ -462,10 +466,7 @@ pub(crate) async fn play(w: &Workload, bin: &Path) -> Result<Value, String> {
     let run = Arc::new(Run {
         w: w.clone(),
         http: server.http.clone(),
-        client: reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .map_err(|e| e.to_string())?,
+        client: http::Client::without_pool(),
         counts: Counts::default(),
         done: AtomicBool::new(false),
         groups,
@@ -547,7 +548,7 @@ pub(crate) async fn play(w: &Workload, bin: &Path) -> Result<Value, String> {
     if let Some(c) = compactor {
         c.abort();
     }
-    let metrics = run.client.get(format!("{}/metrics", server.http)).send().await;
+    let metrics = run.client.get(format!("{}/metrics", server.http)).await;
     let metrics = match metrics {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => String::new(),

@@ -28,6 +28,32 @@ pub struct CacheConfig {
     pub rejoin_interval: Duration,
     /// How long a new watch waits for a cache that is (re)initialising before going to etcd.
     pub create_wait: Duration,
+    /// How a linearizable read, or a watch from "now", learns etcd's current revision.
+    pub freshness: Freshness,
+}
+
+/// Where the current revision of a linearizable read comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Freshness {
+    /// When etcd is one voting member: the revision of a `created` answer on the cache's own
+    /// upstream watch stream (a watcher made and cancelled there; no Range, no raft round).
+    /// Otherwise a quorum read, as [`Freshness::Quorum`].
+    #[default]
+    Auto,
+    /// Always a linearizable read of one key (a quorum read; Kubernetes'
+    /// `GetCurrentResourceVersionFromStorage`).
+    Quorum,
+}
+
+impl Freshness {
+    /// Parses `auto` or `quorum`.
+    pub fn parse(s: &str) -> Result<Freshness, String> {
+        match s {
+            "auto" => Ok(Freshness::Auto),
+            "quorum" => Ok(Freshness::Quorum),
+            other => Err(format!("--freshness: {other:?} is not one of auto, quorum")),
+        }
+    }
 }
 
 impl Default for CacheConfig {
@@ -41,6 +67,7 @@ impl Default for CacheConfig {
             progress_notify_interval: Duration::from_secs(600),
             rejoin_interval: Duration::from_secs(1),
             create_wait: Duration::from_secs(5),
+            freshness: Freshness::Auto,
         }
     }
 }
@@ -95,9 +122,13 @@ pub struct ReflectorOptions {
     /// memory). 0 lists at the current revision only, as Kubernetes' reflector does. At most
     /// what the ring can hold is loaded.
     pub backfill_revisions: u64,
-    /// How often to ask etcd whether it was compacted past what the cache serves (0: never;
-    /// the cache then learns a compaction only from watches and reads etcd refuses).
+    /// How old the cache's knowledge of etcd's compaction may be when it serves a past
+    /// revision: a read or watch at a revision below the cache's first asks etcd (one read of
+    /// one key) when the last answer is older than this (0: never ask; the cache then learns
+    /// a compaction only from watches and reads etcd refuses).
     pub compaction_probe: Duration,
+    /// How often to re-read etcd's member list (for [`Freshness::Auto`]).
+    pub membership_check: Duration,
     /// How often to compare the cache with etcd (Kubernetes' consistency checker; 0: never).
     pub consistency_check_interval: Duration,
 }
@@ -112,6 +143,7 @@ impl Default for ReflectorOptions {
             inbox_revisions: 1024,
             backfill_revisions: 10_000,
             compaction_probe: Duration::from_secs(1),
+            membership_check: Duration::from_secs(5),
             consistency_check_interval: Duration::from_secs(300),
         }
     }

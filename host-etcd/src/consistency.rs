@@ -1,16 +1,23 @@
 //! Two background checks per cache that keep it honest against etcd:
 //!
-//! - **Compaction follower**: etcd may be compacted by someone else (kube-apiserver's
-//!   compactor, an operator). Every `compaction_probe` (1 s) it asks etcd whether it still has
-//!   the oldest revision the cache would serve (a read of one key at that revision, refused by
-//!   etcd once compacted); when not, it learns the exact compaction revision (a watch from there,
-//!   which etcd cancels naming it) and tells the cache, so nothing below it is served from
-//!   memory any more: Ranges and watches there go to etcd and get etcd's own `ErrCompacted`.
-//!   Cost on etcd: one single-key read per second per prefix, one watch per compaction.
+//! - **Compaction probe**: etcd may be compacted by someone else (kube-apiserver's compactor,
+//!   an operator). Before the cache serves a read or a watch at a revision below its own, it
+//!   needs an answer younger than `compaction_probe` (1 s) to "does etcd still have the oldest
+//!   revision the cache would serve?" (a read of one key at that revision, refused by etcd once
+//!   compacted); when not, the probe learns the exact compaction revision (a watch from there,
+//!   which etcd cancels naming it), so nothing below it is served from memory any more: Ranges
+//!   and watches there go to etcd and get etcd's own `ErrCompacted`. The cache task holds such
+//!   requests and sends the probe (`cache/mod.rs`: `CompactionGate`, `probe_compaction`). Cost on etcd: at most one
+//!   single-key read per second per prefix, and only while past revisions are asked for;
+//!   nothing at rest or for reads and watches at the current revision.
 //! - **Consistency checker** (Kubernetes' KEP-4988): every `consistency_check_interval`
 //!   (5 min) it takes a digest of the cache's objects (keys and revisions) at the cache's
 //!   revision R and the same digest of a paginated keys-only list from etcd at R; on a
 //!   mismatch the cache relists. Cost: one keys-only paginated list per interval per prefix.
+//!
+//! - **Membership**: every `membership_check` (5 s) it re-reads etcd's member list, so that a
+//!   linearizable read learns etcd's revision from a watch's `created` answer only while etcd
+//!   is one voting member (`Freshness::Auto`). Cost: one MemberList per interval per prefix.
 //!
 //! Kubernetes counterparts: `storage/cacher/cacher.go`'s compaction following (1.34) and
 //! `storage/cacher/consistency/checker.go` (1.34+).
@@ -19,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::cache::CacheHandle;
 use crate::keys::prefix_range;
@@ -48,42 +55,22 @@ impl Digest {
     }
 }
 
-/// Follows etcd's compaction for `cache` until shutdown (`period` zero: never).
-pub(crate) async fn follow_compaction(
-    cache: CacheHandle,
+/// Keeps `upstream`'s count of etcd's voting members current until shutdown.
+pub(crate) async fn follow_membership(
     upstream: Upstream,
-    metrics: Arc<HostMetrics>,
     period: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    if period.is_zero() {
-        return;
-    }
-    let key: Vec<u8> = cache.prefix().to_vec();
     loop {
+        if let Err(e) = upstream.refresh_members().await {
+            debug!(error = %e, "reading etcd's member list failed; linearizable reads use quorum reads meanwhile");
+        }
+        if period.is_zero() {
+            return;
+        }
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.changed() => return,
-        }
-        let status = cache.status();
-        let oldest = status.oldest_served;
-        if !status.ready || oldest == 0 || oldest <= status.compacted {
-            continue;
-        }
-        metrics.count_upstream_request("compaction_probe");
-        match upstream.has_revision(&key, oldest).await {
-            Ok(true) => {}
-            Ok(false) => {
-                metrics.count_upstream_request("watch");
-                match upstream.compaction_revision(&key, oldest).await {
-                    Ok(rev) => {
-                        info!(prefix = %cache.prefix_str(), compacted = rev, "etcd was compacted; nothing below is served from the cache any more");
-                        cache.note_compacted(rev);
-                    }
-                    Err(e) => debug!(error = %e, "learning etcd's compaction revision failed"),
-                }
-            }
-            Err(e) => debug!(error = %e, "compaction probe failed"),
         }
     }
 }

@@ -84,6 +84,17 @@ pub fn etcd_range(range: &KeyRange) -> (Vec<u8>, Vec<u8>) {
     }
 }
 
+/// One key inside a cached prefix that costs etcd the same to read or watch whatever the
+/// store holds: the prefix itself (`\0` for the whole keyspace). The revision checks (quorum
+/// read, compaction probe, revision probe) use it.
+pub fn probe_key(prefix: &[u8]) -> Vec<u8> {
+    if prefix.is_empty() {
+        vec![0]
+    } else {
+        prefix.to_vec()
+    }
+}
+
 /// The etcd key range of a prefix: `[prefix, prefix_end)`; every key for `""`.
 pub fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     if prefix.is_empty() {

@@ -71,7 +71,7 @@
 //!
 //! | module | what it owns | counterpart |
 //! |---|---|---|
-//! | `clock`, `keys`, `config`, `metrics`, `convert` | the one clock; etcd's key conventions ↔ the core's ranges; the cache's configuration; the counters; core objects as etcd messages | — ; `rpc.proto`; `cacher.go` `Config`; `metrics.go`; `mvccpb` |
+//! | `clock`, `keys`, `config`, `metrics`, `convert`, `queue` | the one clock; etcd's key conventions ↔ the core's ranges; the cache's configuration; the counters; core objects as etcd messages; a watch stream's two queues (cache → session → transport) | — ; `rpc.proto`; `cacher.go` `Config`; `metrics.go`; `mvccpb`; `cacheWatcher.input` |
 //! | `upstream` | the connection to etcd | `clientv3` |
 //! | `cache` | the task that owns one prefix's core, and the typed batches it hands to sessions (`cache::delivery`) | the goroutines around a `Cacher` (`cacher.go`) |
 //! | `reflector` | list at one revision (with etcd's recent history), watch with progress notify, re-watch, relist; a bounded channel into the cache | client-go `reflector.go`, `storage/etcd3/watcher.go` |
@@ -90,6 +90,7 @@ pub mod etcd_launcher;
 pub mod keys;
 pub mod library;
 pub mod metrics;
+pub mod queue;
 pub mod reflector;
 pub mod server;
 pub mod session;

@@ -271,13 +271,6 @@ pub(crate) fn spawn_cache(
         config.core.capacity
     };
     reflector.backfill_revisions = reflector.backfill_revisions.min(ring as u64);
-    let follower = crate::consistency::follow_compaction(
-        made.handle.clone(),
-        upstream.clone(),
-        metrics.clone(),
-        reflector.compaction_probe,
-        shutdown.clone(),
-    );
     let checker = crate::consistency::check_periodically(
         made.handle.clone(),
         upstream.clone(),
@@ -285,8 +278,13 @@ pub(crate) fn spawn_cache(
         reflector.consistency_check_interval,
         shutdown.clone(),
     );
+    let membership = crate::consistency::follow_membership(
+        upstream.clone(),
+        reflector.membership_check,
+        shutdown.clone(),
+    );
     let tasks = vec![
-        tokio::spawn(follower),
+        tokio::spawn(membership),
         tokio::spawn(checker),
         tokio::spawn(made.task.run()),
         tokio::spawn(crate::reflector::run(
@@ -606,7 +604,7 @@ fn cancel_error(r: &PbWatchResponse) -> Error {
 /// A watch: a `futures::Stream` of etcd's `WatchResponse`s. Dropping it cancels the watch.
 pub struct WatchStream {
     req_tx: mpsc::Sender<Result<PbWatchRequest, Status>>,
-    out: mpsc::Receiver<OutItem>,
+    out: crate::queue::Receiver<OutItem>,
     /// The rest of the last batch.
     ready: std::collections::VecDeque<Response>,
     watch_id: i64,

@@ -104,6 +104,11 @@ struct ServeArgs {
     /// current revision only, as Kubernetes does).
     #[arg(long, default_value_t = 10_000)]
     backfill_revisions: u64,
+    /// Where a linearizable read learns etcd's current revision: `auto` (from a watcher
+    /// created on the cache's own watch stream when etcd is one voting member, a quorum read
+    /// otherwise) or `quorum` (always a quorum read of one key, as Kubernetes).
+    #[arg(long, default_value = "auto")]
+    freshness: String,
     /// Idle watches that asked for progress notify get one this often (etcd: 10m).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     progress_notify_interval: std::time::Duration,
@@ -174,6 +179,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     cfg.prefixes = a.prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.cache.progress_notify_interval = a.progress_notify_interval;
     cfg.cache.reflector.backfill_revisions = a.backfill_revisions;
+    cfg.cache.freshness = host_etcd::config::Freshness::parse(&a.freshness)?;
     cfg.auth_cache_ttl = a.auth_cache_ttl;
     cfg.web_dir = Some(a.web_dir.clone());
     cfg.upstream.endpoints = a.etcd_endpoints.clone();

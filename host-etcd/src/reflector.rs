@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cacher_core::{Attrs, Change, Key, Object};
 use etcd_client::{EventType, GetOptions, WatchOptions};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::cache::{ReflectorCtl, StorageMsg};
@@ -254,7 +254,7 @@ async fn history(
     from: u64,
     until: u64,
 ) -> Result<(Vec<(u64, Vec<Change>)>, u64, UpWatch), String> {
-    let UpWatch { tx: mut sender, rx: mut stream } =
+    let UpWatch { tx: mut sender, rx: mut stream, mut main_id } =
         open_watch(prefix, upstream, metrics, opts, from).await?;
     let mut out: Vec<(u64, Vec<Change>)> = Vec::new();
     let mut seen = from.saturating_sub(1);
@@ -280,6 +280,7 @@ async fn history(
             return Err(format!("etcd canceled the history watch: {}", resp.cancel_reason()));
         }
         if resp.created() {
+            main_id = Some(resp.watch_id());
             continue;
         }
         if resp.events().is_empty() {
@@ -295,13 +296,15 @@ async fn history(
             }
         }
     }
-    Ok((out, seen, UpWatch { tx: sender, rx: stream }))
+    Ok((out, seen, UpWatch { tx: sender, rx: stream, main_id }))
 }
 
-/// An open etcd watch: its request and response halves.
+/// An open etcd watch: its request and response halves, and the prefix watcher's id once its
+/// `created` answer was read.
 struct UpWatch {
     tx: etcd_client::WatchRequestSender,
     rx: etcd_client::WatchResponseStream,
+    main_id: Option<i64>,
 }
 
 /// The reflector's watch of the prefix from `from`, with progress notify.
@@ -319,7 +322,7 @@ async fn open_watch(
     let mut client =
         upstream.client.watch_client().max_decoding_message_size(opts.max_message_bytes);
     let (tx, rx) = client.watch(key, Some(wopts)).await.map_err(|e| e.to_string())?.split();
-    Ok(UpWatch { tx, rx })
+    Ok(UpWatch { tx, rx, main_id: None })
 }
 
 /// A failed list, and whether etcd said the revision is compacted.
@@ -382,7 +385,7 @@ async fn watch_from(
     shutdown: &mut watch::Receiver<bool>,
     open: Option<UpWatch>,
 ) -> WatchEnd {
-    let UpWatch { tx: mut sender, rx: mut responses } = match open {
+    let UpWatch { tx: mut sender, rx: mut responses, mut main_id } = match open {
         Some(w) => w,
         None => {
             let stream = tokio::select! {
@@ -397,6 +400,10 @@ async fn watch_from(
     };
     metrics.upstream_watch(1);
     let _guard = Gauge(metrics);
+    let mut probes = RevisionProbes::new(prefix);
+    // The prefix watch's id comes with its `created` answer, the stream's first (etcd answers
+    // create requests in order, and that one was sent first; `history` may have read it):
+    // probes are sent only once it is known, so no probe's answer is taken for it.
     loop {
         tokio::select! {
             _ = shutdown.changed() => return WatchEnd::Shutdown,
@@ -409,6 +416,13 @@ async fn watch_from(
                     }
                 }
                 Some(ReflectorCtl::Relist(reason)) => return WatchEnd::RelistAsked(reason),
+                Some(ReflectorCtl::Revision(reply)) if main_id.is_some() => {
+                    if let Err(e) = probes.ask(&mut sender, reply, metrics).await {
+                        return WatchEnd::Broken(e);
+                    }
+                }
+                // Not yet: the cache falls back to a quorum read.
+                Some(ReflectorCtl::Revision(_)) => {}
             },
             m = responses.message() => {
                 let resp = match m {
@@ -416,6 +430,13 @@ async fn watch_from(
                     Ok(None) => return WatchEnd::Broken("etcd ended the watch stream".into()),
                     Err(e) => return WatchEnd::Broken(e.to_string()),
                 };
+                if main_id.is_some() && (resp.created() || resp.watch_id() >= PROBE_IDS) {
+                    // A revision probe's answer (its `created`, or the ack of its cancel).
+                    if let Err(e) = probes.answer(&mut sender, &resp, metrics).await {
+                        return WatchEnd::Broken(e);
+                    }
+                    continue;
+                }
                 if resp.compact_revision() > 0 {
                     return WatchEnd::Compacted(resp.compact_revision());
                 }
@@ -426,6 +447,7 @@ async fn watch_from(
                     upstream.note_header(h.cluster_id(), h.member_id(), h.raft_term());
                 }
                 if resp.created() {
+                    main_id = Some(resp.watch_id());
                     continue;
                 }
                 if resp.events().is_empty() {
@@ -453,6 +475,108 @@ async fn watch_from(
                 }
             }
         }
+    }
+}
+
+/// The first revision probe's watch id: etcd numbers a stream's watchers from 0, so its own
+/// ids never reach this range.
+const PROBE_IDS: i64 = 1 << 40;
+
+/// Revision probes on the reflector's stream: a watcher of the prefix key from "now", whose
+/// `created` answer carries the member's current revision (read after the request arrived, so
+/// it covers every write the member acknowledged before), cancelled as soon as it answers.
+/// One is out at a time.
+struct RevisionProbes {
+    key: Vec<u8>,
+    next_id: i64,
+    /// The probe out, and who waits for it.
+    out: Option<(i64, oneshot::Sender<Result<u64, String>>)>,
+    queued: std::collections::VecDeque<oneshot::Sender<Result<u64, String>>>,
+}
+
+impl RevisionProbes {
+    fn new(prefix: &[u8]) -> RevisionProbes {
+        RevisionProbes {
+            key: crate::keys::probe_key(prefix),
+            next_id: PROBE_IDS,
+            out: None,
+            queued: Default::default(),
+        }
+    }
+
+    async fn ask(
+        &mut self,
+        sender: &mut etcd_client::WatchRequestSender,
+        reply: oneshot::Sender<Result<u64, String>>,
+        metrics: &HostMetrics,
+    ) -> Result<(), String> {
+        self.queued.push_back(reply);
+        self.send_next(sender, metrics).await
+    }
+
+    async fn send_next(
+        &mut self,
+        sender: &mut etcd_client::WatchRequestSender,
+        metrics: &HostMetrics,
+    ) -> Result<(), String> {
+        // A probe nobody waits for any more (the cache gave up on it) does not hold the
+        // others: its answer, when it comes, is only cancelled.
+        if self.out.as_ref().is_some_and(|(_, reply)| reply.is_closed()) {
+            self.out = None;
+        }
+        if self.out.is_some() {
+            return Ok(());
+        }
+        while let Some(reply) = self.queued.pop_front() {
+            if reply.is_closed() {
+                continue;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            metrics.count_upstream_request("revision_probe");
+            sender
+                .watch(self.key.clone(), Some(WatchOptions::new().with_watch_id(id)))
+                .await
+                .map_err(|e| e.to_string())?;
+            self.out = Some((id, reply));
+            break;
+        }
+        Ok(())
+    }
+
+    async fn answer(
+        &mut self,
+        sender: &mut etcd_client::WatchRequestSender,
+        resp: &etcd_client::WatchResponse,
+        metrics: &HostMetrics,
+    ) -> Result<(), String> {
+        if !resp.created() {
+            return Ok(()); // a cancel's ack, or an event on the probe's key: not needed
+        }
+        let wid = resp.watch_id();
+        match self.out.take() {
+            Some((id, reply)) if wid == id && !resp.canceled() => {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                let _ =
+                    reply.send(if rev > 0 { Ok(rev as u64) } else { Err("no revision".into()) });
+                sender.cancel(id).await.map_err(|e| e.to_string())?;
+            }
+            Some((id, reply)) if resp.canceled() && (wid == id || wid == -1) => {
+                // etcd refused the watcher (e.g. no permission on the key): the cache falls
+                // back to a quorum read.
+                let reason = resp.cancel_reason();
+                let _ = reply.send(Err(format!("etcd refused a revision probe: {reason}")));
+            }
+            other => {
+                // An abandoned probe's answer: end its watcher.
+                self.out = other;
+                if !resp.canceled() && wid >= PROBE_IDS {
+                    sender.cancel(wid).await.map_err(|e| e.to_string())?;
+                }
+                return Ok(());
+            }
+        }
+        self.send_next(sender, metrics).await
     }
 }
 

@@ -4,6 +4,7 @@
 //! credentials). A library cache built from an existing `etcd_client::Client` has no raw
 //! channel: its watches that etcd must serve go through that client.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +46,8 @@ pub struct Upstream {
     header: Arc<Mutex<PbResponseHeader>>,
     /// Whether etcd has auth enabled (so cached reads check the client's permissions).
     pub auth: bool,
+    /// etcd's voting members as last read (0: not known yet); see [`Upstream::single_member`].
+    voting_members: Arc<AtomicU32>,
 }
 
 impl Upstream {
@@ -109,6 +112,7 @@ impl Upstream {
             channel: Some(channel),
             header: Arc::new(Mutex::new(header)),
             auth: cfg.user.is_some(),
+            voting_members: Arc::default(),
         })
     }
 
@@ -123,7 +127,13 @@ impl Upstream {
             header.raft_term = h.raft_term();
             header.revision = h.revision();
         }
-        Ok(Upstream { client, channel: None, header: Arc::new(Mutex::new(header)), auth: false })
+        Ok(Upstream {
+            client,
+            channel: None,
+            header: Arc::new(Mutex::new(header)),
+            auth: false,
+            voting_members: Arc::default(),
+        })
     }
 
     /// Opens a watch on etcd for `create` (a create request), with the client's metadata when
@@ -201,13 +211,34 @@ impl Upstream {
         }
     }
 
+    /// Whether etcd is known to be a cluster of one voting member. Then the revision that
+    /// member reports at any moment covers every write it has acknowledged (a write is
+    /// acknowledged after it is applied), so the revision in a watch's `created` answer is as
+    /// fresh as a quorum read's; with several members it is not (a follower can lag).
+    pub fn single_member(&self) -> bool {
+        self.voting_members.load(Ordering::Relaxed) == 1
+    }
+
+    /// Reads etcd's member list (no Range, no raft round) and remembers how many voting
+    /// members it has; unknown (so not single) when etcd does not answer.
+    pub async fn refresh_members(&self) -> Result<u32, String> {
+        let mut cluster = self.client.cluster_client();
+        let res = cluster.member_list().await.map_err(|e| e.to_string());
+        let n = match &res {
+            Ok(r) => r.members().iter().filter(|m| !m.is_learner()).count() as u32,
+            Err(_) => 0,
+        };
+        self.voting_members.store(n, Ordering::Relaxed);
+        res.map(|_| n)
+    }
+
     /// etcd's current revision, by a linearizable read of one key (a quorum read, as
     /// Kubernetes' `GetCurrentResourceVersionFromStorage`, at constant cost).
     pub async fn current_revision(&self, prefix: &[u8]) -> Result<u64, String> {
         let mut kv = self.client.kv_client();
         // One key (the prefix itself, inside the range the cache may read): the header
         // revision is the store's, and the read costs etcd the same whatever the store holds.
-        let key = if prefix.is_empty() { vec![0] } else { prefix.to_vec() };
+        let key = crate::keys::probe_key(prefix);
         let opts = etcd_client::GetOptions::new().with_count_only();
         let resp = kv.get(key, Some(opts)).await.map_err(|e| e.to_string())?;
         let h = resp.header().ok_or("no header in etcd's answer")?;
@@ -219,7 +250,7 @@ impl Upstream {
     /// that starts at `below` (etcd names it in `compact_revision`); `below` otherwise. Cheap
     /// when compacted: etcd cancels such a watch before reading any history.
     pub async fn compaction_revision(&self, key: &[u8], below: u64) -> Result<u64, String> {
-        let key = if key.is_empty() { vec![0] } else { key.to_vec() };
+        let key = crate::keys::probe_key(key);
         let mut client = self.client.watch_client();
         let opts = etcd_client::WatchOptions::new().with_start_revision(below as i64);
         let mut stream = client.watch(key, Some(opts)).await.map_err(|e| e.to_string())?;
@@ -244,7 +275,7 @@ impl Upstream {
     /// Whether etcd still has revision `rev` (a read of one key at it; etcd refuses a
     /// compacted revision).
     pub async fn has_revision(&self, key: &[u8], rev: u64) -> Result<bool, String> {
-        let key = if key.is_empty() { vec![0] } else { key.to_vec() };
+        let key = crate::keys::probe_key(key);
         let opts = etcd_client::GetOptions::new()
             .with_revision(rev as i64)
             .with_count_only()

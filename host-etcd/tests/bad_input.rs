@@ -3,7 +3,7 @@
 //! methods, garbage on watch streams. Each request goes to etcd and to watchcache; the answers
 //! are compared.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -221,7 +221,7 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
     // Still serving.
     let r = cached.get("/a/1", None).await.expect("still serving");
     assert_eq!(r.kvs()[0].value(), b"x");
-    let text = reqwest::get(format!("{}/healthz", env.http()))
+    let text = support::http::get(format!("{}/healthz", env.http()))
         .await
         .expect("health")
         .text()

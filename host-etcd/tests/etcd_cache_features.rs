@@ -3,7 +3,7 @@
 //! consistency checker catching a cache that lost an event, RangeStream answered as etcd
 //! answers it, and gauges that equal etcd's own counts.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,11 @@ async fn concurrent_consistent_reads_share_one_freshness_check() {
     let rev = direct.put("/f/k", "v1", None).await.expect("put").header().expect("h").revision();
     env.wait_cache_rev(rev).await;
     let cached = env.cached().await;
-    let before = env.server().metrics().upstream_requests("quorum_read");
+    let checks_now = || {
+        let m = env.server().metrics();
+        m.upstream_requests("quorum_read") + m.upstream_requests("revision_probe")
+    };
+    let before = checks_now();
     let reads: Vec<_> = (0..64)
         .map(|_| {
             let mut c = cached.clone();
@@ -35,7 +39,7 @@ async fn concurrent_consistent_reads_share_one_freshness_check() {
             "never older than the acknowledged write"
         );
     }
-    let checks = env.server().metrics().upstream_requests("quorum_read") - before;
+    let checks = checks_now() - before;
     assert!((1..=8).contains(&checks), "64 concurrent consistent reads cost etcd {checks} reads");
     // Read-your-write: a write acknowledged before a consistent read is in its answer.
     for i in 0..20 {
@@ -45,6 +49,91 @@ async fn concurrent_consistent_reads_share_one_freshness_check() {
         let r = c.get("/f/k", None).await.expect("get");
         assert_eq!(r.kvs()[0].value(), v.as_bytes());
     }
+}
+
+/// Sequential linearizable reads through watchcache, each after a write acknowledged to another
+/// client; returns the Range requests etcd handled meanwhile.
+async fn ranges_for_linearizable_reads(env: &Env, n: usize) -> f64 {
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let ranges = r#"grpc_method="Range""#;
+    let before = env.etcd_metric("grpc_server_handled_total", ranges).await;
+    for i in 0..n {
+        let v = format!("v{i}");
+        direct.put("/lin/k", v.clone(), None).await.expect("put");
+        let r = cached.get("/lin/k", None).await.expect("get");
+        assert_eq!(r.kvs()[0].value(), v.as_bytes(), "read {i} saw the acknowledged write");
+    }
+    env.etcd_metric("grpc_server_handled_total", ranges).await - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_etcd_member_linearizable_reads_cost_etcd_no_range() {
+    let env = Env::start().await;
+    // The member list is read at start; wait until reads use revision probes.
+    let t = Instant::now();
+    let mut cached = env.cached().await;
+    while env.server().metrics().upstream_requests("revision_probe") == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no revision probe after 10 s");
+        cached.get("/lin/k", None).await.expect("get");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let quorum = env.server().metrics().upstream_requests("quorum_read");
+    let ranges = ranges_for_linearizable_reads(&env, 100).await;
+    assert!(ranges <= 2.0, "100 linearizable reads cost etcd {ranges} Range requests");
+    assert_eq!(env.server().metrics().upstream_requests("quorum_read"), quorum);
+    // The same with quorum reads: one Range each (the figure the probe saves).
+    drop(env);
+    let env = Env::start_with(Default::default(), |c| {
+        c.cache.freshness = host_etcd::config::Freshness::Quorum
+    })
+    .await;
+    let ranges = ranges_for_linearizable_reads(&env, 100).await;
+    assert!(ranges >= 100.0, "with --freshness quorum: {ranges} Range requests for 100 reads");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_rest_and_at_the_current_revision_the_cache_costs_etcd_no_range() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut rev = 0;
+    for i in 0..10 {
+        rev = direct
+            .put(format!("/r/{i}"), "v", None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+    }
+    env.wait_cache_rev(rev).await;
+    let mut cached = env.cached().await;
+    let ranges = r#"grpc_method="Range""#;
+    // Let start-up's reads (the list, the member list) pass.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = env.etcd_metric("grpc_server_handled_total", ranges).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for _ in 0..20 {
+        let r = cached
+            .get("/r/", Some(GetOptions::new().with_prefix().with_serializable()))
+            .await
+            .expect("get");
+        assert_eq!(r.kvs().len(), 10);
+        let mut w =
+            cached.watch("/r/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+        assert!(w.message().await.expect("ok").expect("created").created());
+    }
+    let after = env.etcd_metric("grpc_server_handled_total", ranges).await;
+    assert_eq!(after - before, 0.0, "3 s at rest, 20 reads and 20 watches from now");
+    // A read at a past revision asks etcd about compaction once, then not for a second.
+    for _ in 0..5 {
+        cached
+            .get("/r/", Some(GetOptions::new().with_prefix().with_revision(rev - 5)))
+            .await
+            .expect("get");
+    }
+    let past = env.etcd_metric("grpc_server_handled_total", ranges).await - after;
+    assert_eq!(past, 1.0, "5 reads at a past revision in less than a second");
 }
 
 fn compacted(e: &etcd_client::Error) -> bool {
@@ -164,7 +253,7 @@ async fn the_consistency_checker_catches_a_lost_event_and_relists() {
     }
     let r = cached.get("/k/lost", Some(GetOptions::new().with_serializable())).await.expect("get");
     assert_eq!(r.kvs()[0].value(), b"x", "after the relist the cache holds what etcd holds");
-    let state = reqwest::get(format!("{}/debug/state", env.http()))
+    let state = support::http::get(format!("{}/debug/state", env.http()))
         .await
         .expect("state")
         .text()
@@ -354,6 +443,24 @@ async fn the_upstream_watch_gauge_equals_etcds_watcher_count() {
     let (a, b) = settle(&env).await;
     assert_eq!(a, b, "after etcd restarted");
     drop(s);
+    // A watchcache restart: the new cache's watch is opened while it loads etcd's history.
+    // Linearizable reads then use revision probes on it, and leave no watcher behind
+    // (kube-check found one leaked per restart).
+    env.stop_server().await;
+    let server = host_etcd::Server::start(env.cfg.clone()).await.expect("watchcache restarts");
+    assert!(server.wait_ready(Duration::from_secs(10)).await, "ready again");
+    env.server = Some(server);
+    let mut cached = env.cached().await;
+    let probes = env.server().metrics().upstream_requests("revision_probe");
+    let t = Instant::now();
+    while env.server().metrics().upstream_requests("revision_probe") < probes + 5 {
+        assert!(t.elapsed() < Duration::from_secs(10), "reads do not use revision probes");
+        let r = cached.get("/g/0", None).await.expect("get");
+        assert_eq!(r.kvs().len(), 1);
+    }
+    assert_eq!(env.server().metrics().upstream_requests("quorum_read"), 1, "the list's only");
+    let (a, b) = settle(&env).await;
+    assert_eq!(a, b, "after a watchcache restart and linearizable reads");
     env.stop_server().await;
 }
 
@@ -405,9 +512,10 @@ async fn the_ring_holds_at_most_max_cache_bytes() {
     assert_eq!(got, 200);
     assert!(env.server().metrics().watches().1 >= 1, "served by etcd");
     // A Kubernetes-style watch from there gets 410, counted.
-    let r = reqwest::get(format!("{}/kube/b/?watch=true&resourceVersion={first}", env.http()))
-        .await
-        .expect("kube watch");
+    let r =
+        support::http::get(format!("{}/kube/b/?watch=true&resourceVersion={first}", env.http()))
+            .await
+            .expect("kube watch");
     let text =
         tokio::time::timeout(Duration::from_secs(5), r.text()).await.expect("ends").expect("text");
     assert!(text.contains("\"code\":410"), "{text}");

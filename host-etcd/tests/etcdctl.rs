@@ -2,7 +2,7 @@
 //! output (writes, reads, watches from a revision, transactions, leases, interactive progress
 //! requests, which etcd's gRPC proxy leaves unanswered).
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};

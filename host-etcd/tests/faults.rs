@@ -2,7 +2,7 @@
 //! client that stops reading, 1 000 concurrent watchers. Every recorded stream goes through the
 //! conformance checker: each watcher receives every event or sees its watch end explicitly.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -200,9 +200,29 @@ async fn compaction_under_load() {
         })
     };
     let start = env.etcd_rev().await + 1;
+    // Ten fast readers, each reading all along in a task of its own until told where the
+    // history ends. (They share one connection, so a stream left unread while another is read
+    // would hold the connection's HTTP/2 window with its backlog.)
+    let fast_until = Arc::new(AtomicI64::new(i64::MAX));
     let mut fast = Vec::new();
     for i in 0..10 {
-        fast.push(open(&mut cached, format!("fast{i}"), "/c/", start).await);
+        let (mut s, mut rec) = open(&mut cached, format!("fast{i}"), "/c/", start).await;
+        let until = fast_until.clone();
+        fast.push(tokio::spawn(async move {
+            let mut asked = false;
+            loop {
+                let u = until.load(Ordering::Relaxed);
+                if rec.last_rev() >= u || rec.canceled().is_some() || rec.error.is_some() {
+                    break;
+                }
+                if u != i64::MAX && !asked {
+                    let _ = s.request_progress().await;
+                    asked = true;
+                }
+                collect(&mut s, &mut rec, u, Duration::from_millis(100)).await;
+            }
+            rec
+        }));
     }
     // A slow reader (16 KiB values fill its buffers): it falls behind the 200-event
     // window, then etcd has compacted its revision.
@@ -231,10 +251,6 @@ async fn compaction_under_load() {
             admin.compact(rev - 30, None).await.expect("compact");
             compactions += 1;
         }
-        // The fast ones read as they go.
-        for (s, rec) in &mut fast {
-            collect(s, rec, rev, Duration::from_millis(50)).await;
-        }
     }
     stop.store(true, Ordering::Relaxed);
     let written = w.await.expect("writer");
@@ -251,14 +267,12 @@ async fn compaction_under_load() {
     );
     let hist: Vec<_> = truth_rec.events().cloned().collect();
     let mut violations = Vec::new();
-    // All ten at once: they share one connection, and a stream left unread while another is
-    // drained would hold the connection's HTTP/2 window with its backlog.
-    futures::future::join_all(fast.iter_mut().map(|(s, rec)| async move {
-        let _ = s.request_progress().await;
-        collect(s, rec, end, Duration::from_secs(15)).await;
-    }))
-    .await;
-    for (_, rec) in fast.iter_mut() {
+    fast_until.store(end, Ordering::Relaxed);
+    let fast = tokio::time::timeout(Duration::from_secs(15), futures::future::join_all(fast))
+        .await
+        .expect("the fast readers reach the end in time");
+    for rec in fast {
+        let rec = rec.expect("fast reader");
         assert!(
             rec.last_rev() >= end,
             "{}: incomplete at {} of {end} (canceled: {:?}, error: {:?})",
@@ -267,7 +281,7 @@ async fn compaction_under_load() {
             rec.canceled(),
             rec.error
         );
-        violations.extend(check(&hist, rec));
+        violations.extend(check(&hist, &rec));
     }
     let (s, rec) = &mut slow;
     collect(s, rec, end, Duration::from_secs(15)).await;
@@ -352,7 +366,7 @@ async fn a_client_that_stops_reading_costs_bounded_memory_and_slows_no_one() {
         assert!(worst < Duration::from_secs(1), "{}: worst put-to-receive {worst:?}", rec.name);
     }
     // The stalled watcher is held as a position in the ring, not as a copy of the events.
-    let state: serde_json::Value = reqwest::get(format!("{}/debug/state", env.http()))
+    let state: serde_json::Value = support::http::get(format!("{}/debug/state", env.http()))
         .await
         .expect("state")
         .json()

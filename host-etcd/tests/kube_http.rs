@@ -2,11 +2,10 @@
 //! with Kubernetes semantics (410 ERROR events for too-old resource versions, the annotated
 //! bookmark that ends `sendInitialEvents`), and Kubernetes' error bodies.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use host_etcd::EtcdOptions;
 use serde_json::{json, Value};
 use support::Env;
@@ -34,16 +33,15 @@ async fn pods(env: &Env, n: usize) -> i64 {
 
 /// Reads newline-delimited JSON lines from a streaming response until `stop` says so.
 async fn lines(
-    resp: reqwest::Response,
+    mut resp: support::http::Response,
     limit: Duration,
     stop: impl Fn(&[Value]) -> bool,
 ) -> Vec<Value> {
     let mut out = Vec::new();
     let mut buf = Vec::new();
-    let mut stream = resp.bytes_stream();
     let deadline = tokio::time::Instant::now() + limit;
     while !stop(&out) {
-        let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
+        let chunk = match tokio::time::timeout_at(deadline, resp.chunk()).await {
             Ok(Some(Ok(c))) => c,
             _ => break,
         };
@@ -62,17 +60,18 @@ async fn lists_with_selectors_and_pages() {
     let rev = pods(&env, 12).await;
     env.wait_cache_rev(rev).await;
     let base = env.http();
-    let list: Value = reqwest::get(format!("{base}/kube/registry/pods/?labelSelector=app%3Dweb"))
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let list: Value =
+        support::http::get(format!("{base}/kube/registry/pods/?labelSelector=app%3Dweb"))
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
     let items = list["items"].as_array().expect("items");
     assert_eq!(items.len(), 4);
     assert!(items.iter().all(|p| p["metadata"]["labels"]["app"] == "web"));
     assert_eq!(list["metadata"]["resourceVersion"], rev.to_string());
-    let list: Value = reqwest::get(format!(
+    let list: Value = support::http::get(format!(
         "{base}/kube/registry/pods/even/?fieldSelector=spec.nodeName%3Dnode2"
     ))
     .await
@@ -91,7 +90,7 @@ async fn lists_with_selectors_and_pages() {
         } else {
             format!("{base}/kube/registry/pods/?limit=5&continue={cont}")
         };
-        let page: Value = reqwest::get(url).await.expect("page").json().await.expect("json");
+        let page: Value = support::http::get(url).await.expect("page").json().await.expect("json");
         pages += 1;
         names.extend(
             page["items"]
@@ -107,14 +106,15 @@ async fn lists_with_selectors_and_pages() {
     }
     assert_eq!((pages, names.len()), (3, 12));
     // A single object, and a missing one.
-    let pod: Value = reqwest::get(format!("{base}/kube/registry/pods/odd/p3"))
+    let pod: Value = support::http::get(format!("{base}/kube/registry/pods/odd/p3"))
         .await
         .expect("get")
         .json()
         .await
         .expect("json");
     assert_eq!(pod["metadata"]["name"], "p3");
-    let missing = reqwest::get(format!("{base}/kube/registry/pods/odd/nope")).await.expect("get");
+    let missing =
+        support::http::get(format!("{base}/kube/registry/pods/odd/nope")).await.expect("get");
     assert_eq!(missing.status(), 404);
     let status: Value = missing.json().await.expect("json");
     assert_eq!(
@@ -130,7 +130,8 @@ async fn lists_with_selectors_and_pages() {
         ("limit=-1", 400, "BadRequest"),
         ("watch=maybe", 400, "BadRequest"),
     ] {
-        let r = reqwest::get(format!("{base}/kube/registry/pods/?{q}")).await.expect("request");
+        let r =
+            support::http::get(format!("{base}/kube/registry/pods/?{q}")).await.expect("request");
         assert_eq!(r.status(), code, "{q}");
         let s: Value = r.json().await.expect("json");
         assert_eq!(s["reason"], reason, "{q}: {s}");
@@ -148,10 +149,12 @@ async fn a_too_old_resource_version_gets_a_410_error_event() {
     .await;
     let rev = pods(&env, 60).await;
     env.wait_cache_rev(rev).await;
-    let resp =
-        reqwest::get(format!("{}/kube/registry/pods/?watch=true&resourceVersion=5", env.http()))
-            .await
-            .expect("watch");
+    let resp = support::http::get(format!(
+        "{}/kube/registry/pods/?watch=true&resourceVersion=5",
+        env.http()
+    ))
+    .await
+    .expect("watch");
     assert_eq!(resp.status(), 200);
     let got = lines(resp, Duration::from_secs(5), |l| !l.is_empty()).await;
     assert_eq!(got.len(), 1, "{got:?}");
@@ -167,7 +170,7 @@ async fn a_too_old_resource_version_gets_a_410_error_event() {
         got[0]
     );
     // Inside the window: the events after it.
-    let resp = reqwest::get(format!(
+    let resp = support::http::get(format!(
         "{}/kube/registry/pods/?watch=true&resourceVersion={}",
         env.http(),
         rev - 3
@@ -191,7 +194,7 @@ async fn send_initial_events_ends_with_the_annotated_bookmark() {
         "{}/kube/registry/pods/?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&labelSelector=app%3Ddb",
         env.http()
     );
-    let resp = reqwest::get(url).await.expect("watch");
+    let resp = support::http::get(url).await.expect("watch");
     assert_eq!(resp.status(), 200);
     let got =
         lines(resp, Duration::from_secs(5), |l| l.iter().any(|e| e["type"] == "BOOKMARK")).await;
@@ -215,13 +218,22 @@ async fn health_readiness_metrics_and_debug_state() {
     let env = Env::start().await;
     let base = env.http();
     assert_eq!(
-        reqwest::get(format!("{base}/healthz")).await.expect("healthz").text().await.expect("text"),
+        support::http::get(format!("{base}/healthz"))
+            .await
+            .expect("healthz")
+            .text()
+            .await
+            .expect("text"),
         "ok"
     );
-    let ready = reqwest::get(format!("{base}/readyz")).await.expect("readyz");
+    let ready = support::http::get(format!("{base}/readyz")).await.expect("readyz");
     assert_eq!(ready.status(), 200);
-    let metrics =
-        reqwest::get(format!("{base}/metrics")).await.expect("metrics").text().await.expect("text");
+    let metrics = support::http::get(format!("{base}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
     for name in [
         "apiserver_watch_cache_events_received_total{resource=\"/\",prefix=\"/\"}",
         "apiserver_watch_cache_initializations_total{resource=\"/\",prefix=\"/\"} 1",
@@ -233,7 +245,7 @@ async fn health_readiness_metrics_and_debug_state() {
     ] {
         assert!(metrics.contains(name), "missing {name} in\n{metrics}");
     }
-    let state: Value = reqwest::get(format!("{base}/debug/state"))
+    let state: Value = support::http::get(format!("{base}/debug/state"))
         .await
         .expect("state")
         .json()
@@ -254,14 +266,13 @@ async fn a_watch_ends_when_its_client_goes_away_without_events() {
     let base = env.http();
     let metrics = format!("{base}/metrics");
     let watchers = || support::metric(&metrics, "watchcache_watchers", "");
-    let client = reqwest::Client::new();
+    let client = support::http::Client::new();
     let mut open = Vec::new();
     for _ in 0..3 {
         let r = client
             .get(format!(
                 "{base}/kube/registry/pods/?watch=true&resourceVersion={rev}&labelSelector=app%3Dnone"
             ))
-            .send()
             .await
             .expect("watch");
         assert_eq!(r.status(), 200);

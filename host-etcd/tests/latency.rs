@@ -3,7 +3,7 @@
 //! round trip), for a watch's `created`, a cached read, or a call passed through. The bounds
 //! are loose (the machine is shared during `make test`); `make bench-host` has the figures.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

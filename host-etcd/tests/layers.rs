@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// Bottom first. Modules on one line may use each other only where noted below.
 const LAYERS: &[&[&str]] = &[
-    &["clock", "keys", "config", "metrics", "convert"],
+    &["clock", "keys", "config", "metrics", "convert", "queue"],
     &["upstream"],
     &["cache"],
     &["reflector", "consistency"],

@@ -5,7 +5,7 @@
 //! progress (server-style and cache-wide) and progress notify; gets at chosen, latest and future
 //! revisions, serializable and consistent; prefix scope; a lagging watcher; compaction.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! no watch of theirs reaches etcd. With the backfill off (Kubernetes' behaviour), every
 //! resuming watcher goes to etcd.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

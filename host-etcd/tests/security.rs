@@ -2,7 +2,7 @@
 //! decision is etcd's, cached briefly); with client TLS configured, only clients with a
 //! certificate from the configured CA connect.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -106,19 +106,15 @@ async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
     assert_eq!(d, w);
     // The HTTP API asks for credentials too.
     let base = format!("http://{}", server.http_addr().expect("http"));
-    let r = reqwest::get(format!("{base}/kube/b/")).await.expect("request");
+    let r = support::http::get(format!("{base}/kube/b/")).await.expect("request");
     assert_eq!(r.status(), 401);
-    let r = reqwest::Client::new()
-        .get(format!("{base}/kube/b/"))
-        .basic_auth("alice", Some("alicepw"))
-        .send()
+    let r = support::http::Client::new()
+        .get_basic_auth(format!("{base}/kube/b/"), "alice", "alicepw")
         .await
         .expect("request");
     assert_eq!(r.status(), 403);
-    let r = reqwest::Client::new()
-        .get(format!("{base}/kube/b/"))
-        .basic_auth("root", Some("rootpw"))
-        .send()
+    let r = support::http::Client::new()
+        .get_basic_auth(format!("{base}/kube/b/"), "root", "rootpw")
         .await
         .expect("request");
     assert_eq!(r.status(), 200);

@@ -58,7 +58,7 @@ type row struct {
 func diffCmd(args []string) int {
 	fl := flag.NewFlagSet("diff", flag.ExitOnError)
 	root := repoRoot()
-	watchcache := fl.String("watchcache", filepath.Join(root, "target/debug/watchcache"), "the watchcache binary (`watchcache replay FILE`)")
+	watchcache := fl.String("watchcache", filepath.Join(root, "target/release/watchcache"), "the watchcache binary (`watchcache replay FILE`)")
 	binDir := fl.String("bin", filepath.Join(root, ".tools/bin"), "where kube-oracle-<profile> binaries are")
 	allowPath := fl.String("allow", filepath.Join(root, "tools/kube-oracle/allow.txt"), "allow-list file")
 	left := fl.String("left", "watchcache", "left side: watchcache, oracle or oracle:PROFILE")

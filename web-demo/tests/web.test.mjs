@@ -345,13 +345,14 @@ test("load: 10 000 events/s while animating at about 60 frames per second", asyn
 /** Opens the What-if tab and waits for its first preset to be loaded. */
 async function openWhatIf(page) {
   await page.click("#tab-whatif");
-  await page.waitForFunction(() => document.getElementById("wi-preset").options.length > 1 && document.getElementById("wi-json").value.length > 2);
+  await page.waitForFunction(() => document.getElementById("wi-preset").options.length > 1 && document.getElementById("wi-json").value.length > 2 && !document.getElementById("whatif").dataset.loading);
 }
 
-/** Selects a preset of scenarios/simulate/ and waits until the editor holds it. */
+/** Selects a preset of scenarios/simulate/ and waits until the editor holds it (selecting the
+ * preset already shown loads it again: an edit made before that load ends would be replaced). */
 async function pickWorkload(page, file) {
   await page.selectOption("#wi-preset", file);
-  await page.waitForFunction((f) => document.getElementById("wi-meta").textContent.endsWith(f), file);
+  await page.waitForFunction((f) => !document.getElementById("whatif").dataset.loading && document.getElementById("wi-meta").textContent.endsWith(f), file);
 }
 
 /** Presses Run and waits for the answer; returns the panel's state (done or error). */
@@ -446,9 +447,16 @@ test("what-if: a bad workload shows the simulator's error naming the field, and 
   const ctx = await openPage();
   const { page } = ctx;
   await openWhatIf(page);
+  // The preset shown already is loaded again, slowly: the edit below must wait for it (it
+  // once raced the load and was replaced by the preset, which then ran).
+  await page.route("**/scenarios/simulate/slo_fixed_ring.json", async (route) => {
+    await new Promise((r) => setTimeout(r, 300));
+    await route.continue();
+  });
   await pickWorkload(page, "slo_fixed_ring.json");
-  // From the form: a negative write rate.
+  // From the form: a negative write rate, still there after longer than the load took.
   await page.fill('[data-path="writes.rate_per_s"]', "-1");
+  await page.waitForTimeout(400);
   assert.match(await page.inputValue("#wi-json"), /"rate_per_s": -1/);
   assert.equal(await runWhatIf(page), "error");
   await see(page, "#wi-error", /writes\.rate_per_s: must be a non-negative number, got -1/);

@@ -13,7 +13,6 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use cacher_core::{CloseCause, Event, RequestId};
-use tokio::sync::mpsc;
 
 /// A watch session, numbered from a counter (never reused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -215,7 +214,7 @@ pub enum CacheMsg {
 }
 
 /// Where a cache sends a session's messages (bounded by credit, not by the channel).
-pub type SessionSink = mpsc::UnboundedSender<CacheMsg>;
+pub type SessionSink = crate::queue::Sender<CacheMsg>;
 
 #[cfg(test)]
 mod tests {

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use cacher_core::{
     Cacher, Change, CloseCause, Event, GetRequest, KeyRange, ListRequest, Object, Output,
-    RangeOutcome, RangeRequest, ReadOutcome, ReadyState, RequestId, RvParam, Status, Timestamp,
-    WatchEvent, WatchRequest, WatcherState,
+    RangeOutcome, RangeRequest, ReadOutcome, ReadyState, RequestId, RvMatch, RvParam, Status,
+    Timestamp, WatchEvent, WatchRequest, WatcherState,
 };
 use rustc_hash::FxHashMap as HashMap;
 use serde_json::json;
@@ -150,6 +150,12 @@ pub(crate) enum Cmd {
     Compacted {
         rv: u64,
     },
+    /// A compaction probe sent at `started` answered: etcd compacted at `compacted` (above
+    /// what the cache knew), or not below the cache's oldest revision.
+    CompactionChecked {
+        started: Instant,
+        compacted: Option<u64>,
+    },
     RequestProgress,
     Objects {
         reply: oneshot::Sender<Option<(u64, Vec<Arc<Object>>)>>,
@@ -198,6 +204,9 @@ pub(crate) enum StorageMsg {
 pub(crate) enum ReflectorCtl {
     Progress,
     Relist(String),
+    /// etcd's current revision, from the `created` answer of a watcher made (and cancelled
+    /// at once) on the reflector's watch stream.
+    Revision(oneshot::Sender<Result<u64, String>>),
 }
 
 /// A cheap handle to a cache task.
@@ -443,6 +452,20 @@ struct Freshness {
     next: Vec<Waiter>,
 }
 
+/// What the cache knows of etcd's compaction: a request at a revision below the cache's own
+/// is served from memory only if etcd said, less than `compaction_probe` ago, that it still
+/// has the cache's oldest revision; otherwise it waits for one probe (shared by every such
+/// request meanwhile). At rest, or serving only the current revision, it costs etcd nothing.
+#[derive(Default)]
+struct CompactionGate {
+    /// When the last answered probe was sent.
+    checked_at: Option<Instant>,
+    in_flight: bool,
+    held: Vec<Cmd>,
+    /// Held requests being handled again: they pass.
+    releasing: bool,
+}
+
 /// The task that owns one prefix's core.
 pub(crate) struct CacheTask {
     prefix: Arc<[u8]>,
@@ -462,6 +485,7 @@ pub(crate) struct CacheTask {
     waiting_ready: Vec<(Instant, Box<EtcdWatchStart>)>,
     pending: Pending,
     freshness: Freshness,
+    compaction: CompactionGate,
     /// Fresh frontier queries waiting for the cache to reach etcd's revision, with deadlines.
     frontiers_waiting: Vec<(u64, Instant, Box<FrontierQuery>)>,
     /// When the reflector is next asked for progress for them.
@@ -527,6 +551,7 @@ pub(crate) fn new_cache(
         waiting_ready: Vec::new(),
         pending: Pending::default(),
         freshness: Freshness::default(),
+        compaction: CompactionGate::default(),
         frontiers_waiting: Vec::new(),
         next_nudge: None,
         last_check: None,
@@ -606,11 +631,7 @@ impl CacheTask {
             rv: c.resource_version(),
             oldest_servable: c.window().oldest_servable,
             compacted: c.compacted_rv(),
-            oldest_served: {
-                let snapshot = c.snapshots().1;
-                let watch = c.window().oldest_servable.map(|o| o.saturating_sub(1));
-                snapshot.into_iter().chain(watch).filter(|r| *r > 0).min().unwrap_or(0)
-            },
+            oldest_served: self.oldest_served(),
             generation: c.ready_generation(),
             store_len: c.store_len(),
             watchers: c.watcher_count(),
@@ -625,7 +646,73 @@ impl CacheTask {
         });
     }
 
+    /// The oldest revision the cache would answer anything at (a read at a snapshot, or the
+    /// start of a watch); 0 when none.
+    fn oldest_served(&self) -> u64 {
+        let c = &self.cacher;
+        let snapshot = c.snapshots().1;
+        let watch = c.window().oldest_servable.map(|o| o.saturating_sub(1));
+        snapshot.into_iter().chain(watch).filter(|r| *r > 0).min().unwrap_or(0)
+    }
+
+    /// Whether `cmd` asks for a revision below the cache's own that the cache would serve,
+    /// while its knowledge of etcd's compaction is older than `compaction_probe`.
+    fn needs_compaction_check(&self, cmd: &Cmd) -> bool {
+        let period = self.config.reflector.compaction_probe;
+        if period.is_zero()
+            || self.compaction.releasing
+            || self.cacher.ready_state() != ReadyState::Ready
+        {
+            return false;
+        }
+        let rv = self.cacher.resource_version();
+        let past = match cmd {
+            Cmd::EtcdWatch(s) => (s.start_rev != 0 && s.start_rev <= rv).then_some(s.start_rev),
+            Cmd::Range { req, .. } => {
+                (req.revision != 0 && req.revision < rv).then_some(req.revision)
+            }
+            Cmd::List { req, .. } => match (req.rv, req.rv_match) {
+                _ if req.continue_token.is_some() => Some(rv.saturating_sub(1)),
+                (RvParam::At(n), Some(RvMatch::Exact)) if n < rv => Some(n),
+                _ => None,
+            },
+            Cmd::CoreWatch { req, .. } => match req.rv {
+                RvParam::At(n) if n < rv => Some(n),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(at) = past else { return false };
+        at + 1 >= self.oldest_served()
+            && self.compaction.checked_at.is_none_or(|t| t.elapsed() >= period)
+    }
+
+    /// Holds `cmd` until a compaction probe answers (sending one if none is out).
+    fn hold_for_compaction(&mut self, cmd: Cmd) {
+        self.compaction.held.push(cmd);
+        if self.compaction.in_flight {
+            return;
+        }
+        let Some(tx) = self.self_tx.upgrade() else { return };
+        self.compaction.in_flight = true;
+        // The oldest revision still served: the cache's oldest, or etcd's compaction as far as
+        // the cache knows (etcd reads at its compaction revision itself).
+        let oldest = self.oldest_served().max(self.cacher.compacted_rv());
+        let upstream = self.upstream.clone();
+        let metrics = self.metrics.clone();
+        let key = self.prefix.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let compacted = probe_compaction(&upstream, &metrics, &key, oldest).await;
+            let _ = tx.send(Cmd::CompactionChecked { started, compacted });
+        });
+    }
+
     fn handle(&mut self, cmd: Cmd) {
+        if self.needs_compaction_check(&cmd) {
+            self.hold_for_compaction(cmd);
+            return;
+        }
         let now = self.clock.now();
         match cmd {
             Cmd::EtcdWatch(start) => self.etcd_watch(now, start),
@@ -719,6 +806,20 @@ impl CacheTask {
                 }
             }
             Cmd::Compacted { rv } => self.cacher.handle_compaction(now, rv),
+            Cmd::CompactionChecked { started, compacted } => {
+                if let Some(rv) = compacted {
+                    info!(prefix = %String::from_utf8_lossy(&self.prefix), compacted = rv, "etcd was compacted; nothing below is served from the cache any more");
+                    self.cacher.handle_compaction(now, rv);
+                }
+                self.compaction.checked_at = Some(started);
+                self.compaction.in_flight = false;
+                let held = std::mem::take(&mut self.compaction.held);
+                self.compaction.releasing = true;
+                for cmd in held {
+                    self.handle(cmd);
+                }
+                self.compaction.releasing = false;
+            }
             Cmd::RequestProgress => {
                 let _ = self.reflector.send(ReflectorCtl::Progress);
             }
@@ -1156,14 +1257,34 @@ impl CacheTask {
         }
     }
 
-    /// One linearizable read of etcd's current revision for every waiter.
+    /// One check of etcd's current revision for every waiter: a revision probe on the
+    /// reflector's watch stream when etcd is one voting member (`Freshness::Auto`), else (or
+    /// when the probe fails) a linearizable read of one key.
     fn check_freshness(&mut self, waiters: Vec<Waiter>) {
         let Some(tx) = self.self_tx.upgrade() else { return };
         self.freshness.in_flight = true;
         let upstream = self.upstream.clone();
         let prefix = self.prefix.clone();
         let metrics = self.metrics.clone();
+        let probe = (self.config.freshness == crate::config::Freshness::Auto
+            && upstream.single_member())
+        .then(|| self.reflector.clone());
         tokio::spawn(async move {
+            if let Some(reflector) = probe {
+                let (reply, answer) = oneshot::channel();
+                if reflector.send(ReflectorCtl::Revision(reply)).is_ok() {
+                    match tokio::time::timeout(Duration::from_secs(1), answer).await {
+                        Ok(Ok(Ok(rv))) => {
+                            let _ = tx.send(Cmd::CurrentRevision { waiters, rv });
+                            return;
+                        }
+                        Ok(Ok(Err(e))) => debug!(error = %e, "revision probe failed"),
+                        _ => debug!(
+                            "no revision probe answer (the reflector is relisting or etcd is slow)"
+                        ),
+                    }
+                }
+            }
             let mut delay = Duration::from_millis(50);
             for _ in 0..4 {
                 metrics.count_upstream_request("quorum_read");
@@ -1228,6 +1349,45 @@ impl CacheTask {
                 "capacity_increases": m.capacity_increases, "capacity_decreases": m.capacity_decreases,
             },
         })
+    }
+}
+
+/// Asks etcd whether it still has revision `oldest` (a read of one key there, which etcd
+/// refuses once compacted); when not, learns the exact compaction revision (a watch from there,
+/// which etcd cancels naming it). `None`: not compacted past `oldest`, or etcd did not answer
+/// within a second (the cache then serves what it has, as it does while etcd is away).
+async fn probe_compaction(
+    upstream: &Upstream,
+    metrics: &HostMetrics,
+    key: &[u8],
+    oldest: u64,
+) -> Option<u64> {
+    if oldest == 0 {
+        return None;
+    }
+    metrics.count_upstream_request("compaction_probe");
+    let limit = Duration::from_secs(1);
+    match tokio::time::timeout(limit, upstream.has_revision(key, oldest)).await {
+        Ok(Ok(true)) => None,
+        Ok(Ok(false)) => {
+            metrics.count_upstream_request("watch");
+            match tokio::time::timeout(limit, upstream.compaction_revision(key, oldest)).await {
+                Ok(Ok(rev)) => Some(rev),
+                // Compacted past `oldest`, by how much unknown: at least one more.
+                other => {
+                    debug!(?other, "learning etcd's compaction revision failed");
+                    Some(oldest + 1)
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            debug!(error = %e, "compaction probe failed");
+            None
+        }
+        Err(_) => {
+            debug!("compaction probe: etcd did not answer within a second");
+            None
+        }
     }
 }
 

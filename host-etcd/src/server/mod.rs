@@ -11,6 +11,7 @@
 //! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
 //! | `prometheus` | the metrics as Prometheus text | `storage/cacher/metrics/metrics.go` |
 //! | `wire` | etcd's protobuf on the wire: events encoded once per revision, framed per watcher | etcd `mvccpb`, `etcdserverpb` |
+//! | `write_batch` | a gRPC connection's writes, gathered into one per scheduler round | grpc-go's `loopyWriter` and buffered framer |
 //!
 //! Kubernetes counterpart: how kube-apiserver wires one `Cacher` per resource in front of the
 //! etcd3 store (`storage/cacher/cacher.go` `NewCacherFromConfig`, the storage factory).
@@ -22,6 +23,7 @@ mod kv;
 pub mod prometheus;
 mod watch;
 pub mod wire;
+mod write_batch;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -258,13 +260,15 @@ impl Server {
         // Every accepted socket without Nagle's algorithm: tonic's `tcp_nodelay` applies only
         // to listeners it binds itself, and small responses (a watch's `created`, a unary
         // answer) would otherwise wait for the client's delayed ACK (about 40 ms).
+        // Each connection's writes are gathered per scheduler round (`write_batch.rs`): one
+        // revision's responses to all of a connection's streams leave in one write.
         let incoming = futures::StreamExt::map(
             tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
             |s| {
-                if let Ok(s) = &s {
+                s.map(|s| {
                     let _ = s.set_nodelay(true);
-                }
-                s
+                    write_batch::WriteBatch::new(s)
+                })
             },
         );
         let serve = builder.add_routes(routes).serve_with_incoming_shutdown(incoming, async move {

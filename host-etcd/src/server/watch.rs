@@ -11,11 +11,11 @@ use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::Frame;
-use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::wire::{encode_response, WatchDecoder};
 use super::Ctx;
+use crate::queue;
 use crate::session::driver::{self, OutItem, Outbox};
 use crate::upstream::forwardable;
 
@@ -43,7 +43,7 @@ pub(crate) async fn route(
 /// The response body: the session's batches as gRPC messages, then the trailers with the
 /// stream's status.
 struct WatchBody {
-    rx: mpsc::Receiver<OutItem>,
+    rx: queue::Receiver<OutItem>,
     /// The status that ends the stream, once known (sent after the data before it).
     end: Option<Status>,
     done: bool,

@@ -29,6 +29,7 @@ use crate::cache::delivery::{CacheMsg, SessionId};
 use crate::cache::{CacheHandle, CacheStatus, EtcdWatchStart};
 use crate::clock::Clock;
 use crate::metrics::HostMetrics;
+use crate::queue;
 use crate::upstream::Upstream;
 
 /// Decides whether a client may read a range (etcd auth), for cached watches.
@@ -84,20 +85,20 @@ pub enum OutItem {
 
 /// The session's side of the queue towards the client, bounded in responses and in bytes.
 pub struct Outbox {
-    tx: mpsc::Sender<OutItem>,
+    tx: queue::Sender<OutItem>,
     budget: Arc<Semaphore>,
 }
 
 impl Outbox {
     /// A queue and its receiving end.
-    pub fn new() -> (Outbox, mpsc::Receiver<OutItem>) {
-        let (tx, rx) = mpsc::channel(OUT_ITEMS);
+    pub fn new() -> (Outbox, queue::Receiver<OutItem>) {
+        let (tx, rx) = queue::bounded(OUT_ITEMS);
         (Outbox { tx, budget: Arc::new(Semaphore::new(OUT_BYTES)) }, rx)
     }
 
     /// Ends the stream with `status`.
     async fn fail(&self, status: Status) {
-        let _ = self.tx.send(OutItem::End(Box::new(status))).await;
+        let _ = self.tx.send_wait(OutItem::End(Box::new(status))).await;
     }
 
     /// Moves what fits of `pending` to the transport as one batch; returns the batch's credit.
@@ -106,7 +107,10 @@ impl Outbox {
         if pending.items.is_empty() {
             return credits;
         }
-        let Ok(slot) = self.tx.try_reserve() else { return credits };
+        // The outbox's only sender: room now is room when the batch is sent.
+        if !self.tx.has_room() {
+            return credits;
+        }
         let available = self.budget.available_permits();
         let (mut take, mut bytes) = (0usize, 0usize);
         for r in pending.items.iter() {
@@ -123,14 +127,25 @@ impl Outbox {
         let Ok(permit) = self.budget.clone().try_acquire_many_owned(bytes as u32) else {
             return credits;
         };
-        let batch: Vec<Response> = pending.items.drain(..take).collect();
+        // Everything fits (the usual case): the pending buffer becomes the batch, and an idle
+        // stream keeps no buffer. A buffer grown while the client was not reading is not
+        // passed on (a batch waits in the outbox with its whole capacity).
+        let all = take == pending.items.len();
+        let batch: Vec<Response> = if all && pending.items.capacity() <= 2 * take {
+            std::mem::take(&mut pending.items).into()
+        } else {
+            let batch = pending.items.drain(..take).collect();
+            super::release(&mut pending.items);
+            batch
+        };
         pending.bytes = pending.bytes.saturating_sub(bytes);
         for r in &batch {
             if let Response::Events(e) = r {
                 credits.extend(e.credit);
             }
         }
-        slot.send(OutItem::Batch(batch, permit));
+        // A client that went away takes nothing (the session ends on `closed`).
+        let _ = self.tx.try_send(OutItem::Batch(batch, permit));
         credits
     }
 }
@@ -181,7 +196,7 @@ where
     S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin + Send,
 {
     let session_id = SessionId::next();
-    let (cache_tx, mut cache_rx) = mpsc::unbounded_channel::<CacheMsg>();
+    let (cache_tx, mut cache_rx) = queue::unbounded::<CacheMsg>();
     // The relays' and permission checks' channels are made when first needed (most streams
     // never use them, and a channel allocates its first block at once).
     let mut relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>> = None;
@@ -308,7 +323,7 @@ async fn wait_room(out: &Outbox, front: Option<&Response>) {
     if let Ok(p) = out.budget.clone().acquire_many_owned(size as u32).await {
         drop(p);
     }
-    let _ = out.tx.reserve().await;
+    out.tx.ready().await;
 }
 
 /// The next item of a channel that may not exist yet (then: never).
@@ -343,7 +358,7 @@ struct Driver {
     env: Arc<SessionEnv>,
     md: MetadataMap,
     session_id: SessionId,
-    cache_tx: mpsc::UnboundedSender<CacheMsg>,
+    cache_tx: queue::Sender<CacheMsg>,
     relay_tx: Option<mpsc::Sender<(RelayId, RelayEvent)>>,
     perm_tx: Option<mpsc::UnboundedSender<(u64, Permission)>>,
     /// A channel made during the last carry-out, for the run loop to take.

@@ -655,7 +655,11 @@ impl WatchSession {
 
     /// The next output.
     pub fn poll_output(&mut self) -> Option<SessionOutput> {
-        self.outputs.pop_front()
+        let o = self.outputs.pop_front();
+        if o.is_none() {
+            release(&mut self.outputs);
+        }
+        o
     }
 
     /// The next deadline and why.
@@ -783,6 +787,13 @@ impl WatchSession {
 
     /// Sends, in order, every `created` (and what waits behind it) whose turn has come.
     fn flush_announcements(&mut self) {
+        self.flush_announcements_inner();
+        if self.announce.is_empty() {
+            release(&mut self.announce);
+        }
+    }
+
+    fn flush_announcements_inner(&mut self) {
         while let Some(front) = self.announce.front() {
             match front {
                 Announce::Ready(_) => {
@@ -1057,61 +1068,52 @@ impl WatchSession {
         if t != tag {
             return;
         }
-        let mut kept: Vec<u32> = Vec::with_capacity(picks.len());
-        let mut last = w.delivered;
-        for i in picks.iter() {
-            let Some(ev) = run.event(i) else { continue };
+        // Never below the start, never again what was delivered (a new source resumes after
+        // it), never what the filters leave out.
+        let (min_rev, delivered, no_put, no_delete) =
+            (w.min_rev, w.delivered, w.spec.no_put, w.spec.no_delete);
+        let sent = |ev: &cacher_core::Event| {
             let rev = ev.rv();
-            last = last.max(rev);
-            // Never below the start, never again what was delivered (a new source resumes
-            // after it), never what the filters leave out.
-            if rev < w.min_rev || rev <= w.delivered {
-                continue;
-            }
-            if (ev.is_delete() && w.spec.no_delete) || (!ev.is_delete() && w.spec.no_put) {
-                continue;
-            }
-            kept.push(i);
-        }
-        w.delivered = last;
+            rev >= min_rev && rev > delivered && !(if ev.is_delete() { no_delete } else { no_put })
+        };
+        let events = || picks.iter().filter_map(|i| run.event(i).map(|ev| (i, &**ev)));
+        w.delivered = events().map(|(_, ev)| ev.rv()).fold(delivered, u64::max);
         let credit = Credit { cache, watch: core, n: picks.len() as u64 };
-        let mut responses = Vec::new();
-        if !kept.is_empty() {
-            w.events_since_tick = true;
-            w.periodic_due = false;
-            if let Some(&l) = kept.last() {
-                w.vouched = w.vouched.max(run.event(l).map_or(0, |e| e.rv()));
+        // Each response but the last goes out as it is made; the last carries the credit
+        // back, when the transport takes it.
+        let mut last: Option<Response> = None;
+        let mut sent_rev = 0;
+        frames(events().filter(|(_, ev)| sent(ev)), w.spec.prev_kv, max_bytes, |picks, size| {
+            sent_rev = picks.iter().last().and_then(|i| run.event(i)).map_or(0, |e| e.rv());
+            let r = Response::Events(EventsResponse {
+                size,
+                watch_id: id,
+                header: PbResponseHeader {
+                    revision: run.header_rev() as i64,
+                    ..Default::default()
+                },
+                run: run.clone(),
+                picks,
+                prev_kv: w.spec.prev_kv,
+                credit: None,
+            });
+            if let Some(prev) = last.replace(r) {
+                deliver(&mut self.outputs, w, prev);
             }
-            for (frame, size) in frames(run, &kept, w.spec.prev_kv, max_bytes) {
-                responses.push(Response::Events(EventsResponse {
-                    size,
-                    watch_id: id,
-                    header: PbResponseHeader {
-                        revision: run.header_rev() as i64,
-                        ..Default::default()
-                    },
-                    run: run.clone(),
-                    picks: frame,
-                    prev_kv: w.spec.prev_kv,
-                    credit: None,
-                }));
+        });
+        match last {
+            Some(Response::Events(mut e)) => {
+                w.events_since_tick = true;
+                w.periodic_due = false;
+                w.vouched = w.vouched.max(sent_rev);
+                e.credit = Some(credit);
+                deliver(&mut self.outputs, w, Response::Events(e));
             }
-        }
-        // The credit comes back with the last response, when the transport takes it; with
-        // nothing to send, at once.
-        match responses.last_mut() {
-            Some(Response::Events(e)) => e.credit = Some(credit),
+            // Nothing to send: the credit at once.
             _ => self.outputs.push_back(SessionOutput::Cache {
                 cache,
                 cmd: CacheCmd::Credit { watch: core, n: credit.n },
             }),
-        }
-        if w.announced {
-            for r in responses {
-                self.outputs.push_back(SessionOutput::Respond(r));
-            }
-        } else {
-            w.held.extend(responses);
         }
     }
 
@@ -1572,26 +1574,41 @@ fn header_at(rev: u64) -> PbResponseHeader {
 
 /// Splits a watch's events into responses of about `max_bytes`, only between revisions; each
 /// with its size.
-fn frames(run: &EventRun, kept: &[u32], prev_kv: bool, max_bytes: usize) -> Vec<(Picks, usize)> {
-    let mut out = Vec::new();
+fn frames<'a>(
+    kept: impl Iterator<Item = (u32, &'a cacher_core::Event)>,
+    prev_kv: bool,
+    max_bytes: usize,
+    mut emit: impl FnMut(Picks, usize),
+) {
     let mut current: Option<Picks> = None;
     let mut size = 0usize;
-    for (n, &i) in kept.iter().enumerate() {
-        let Some(ev) = run.event(i) else { continue };
+    let mut kept = kept.peekable();
+    while let Some((i, ev)) = kept.next() {
         size += event_size(ev, prev_kv);
         match current.as_mut() {
             Some(p) => p.push(i),
             None => current = Some(Picks::one(i)),
         }
-        let boundary =
-            kept.get(n + 1).and_then(|&j| run.event(j)).is_none_or(|next| next.rv() != ev.rv());
+        let boundary = kept.peek().is_none_or(|(_, next)| next.rv() != ev.rv());
         if boundary && size >= max_bytes {
-            out.extend(current.take().map(|p| (p, size + 40)));
+            if let Some(p) = current.take() {
+                emit(p, size + 40);
+            }
             size = 0;
         }
     }
-    out.extend(current.map(|p| (p, size + 40)));
-    out
+    if let Some(p) = current {
+        emit(p, size + 40);
+    }
+}
+
+/// A watch's response: to the client, or held until its `created` has gone out.
+fn deliver(outputs: &mut VecDeque<SessionOutput>, w: &mut Watch, r: Response) {
+    if w.announced {
+        outputs.push_back(SessionOutput::Respond(r));
+    } else {
+        w.held.push(r);
+    }
 }
 
 /// Roughly an event's size on the wire.
@@ -1599,4 +1616,12 @@ pub(crate) fn event_size(ev: &cacher_core::Event, prev_kv: bool) -> usize {
     let obj = ev.object().map_or(0, |o| o.value().map_or(0, <[u8]>::len));
     let prev = if prev_kv { ev.prev().map_or(0, |o| o.value().map_or(0, <[u8]>::len)) } else { 0 };
     ev.key().len() * 2 + obj + prev + 40
+}
+
+/// Gives an empty queue's buffer back: an idle stream holds none (tens of thousands of streams
+/// each kept a few hundred bytes from their last burst).
+fn release<T>(q: &mut VecDeque<T>) {
+    if q.is_empty() && q.capacity() > 0 {
+        *q = VecDeque::new();
+    }
 }

@@ -867,3 +867,77 @@ fn a_watch_from_now_is_created_at_where_its_events_begin() {
     assert_eq!(created_rev, Some(10), "created where its events begin");
     assert_eq!(World::revs_of(&w.seen, 0), vec![r]);
 }
+
+/// What a cached watch is sent of the cache's events: nothing it was given already, nothing
+/// below its start, nothing its filters leave out; the cache's own picks when nothing is left
+/// out; and its whole share back as credit, with the last response or at once.
+#[test]
+fn cached_events_are_filtered_and_their_credit_comes_back_whole() {
+    let mut w = World::new(World::cfg());
+    let mut c = PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+    };
+    if let Some(PbWatchRequestUnion::CreateRequest(cr)) = c.request_union.as_mut() {
+        cr.key = PREFIX.as_bytes().to_vec();
+        cr.range_end = b"/registry0".to_vec();
+        cr.start_revision = 5;
+        cr.filters = vec![1]; // NODELETE
+    }
+    w.request(c.request_union.expect("set"));
+    w.pump();
+    let revs: Vec<u64> = (5..=10).collect();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: 0, canceled: false }, Seen::Events { id: 0, revs }]
+    );
+    let tag = w.cache.watches.values().next().expect("the cached watch").0;
+    let t = Timestamp::ZERO;
+    let obj = |rev: u64| Arc::new(Object::new(b"/registry/x", Some(b"v"), rev));
+    // Given already (10, the last revision sent), a delete (11), a new put (12): only 12 goes
+    // out.
+    let run = Arc::new(EventRun::new(
+        12,
+        vec![
+            Arc::new(Event::put(obj(10), None, t)),
+            Arc::new(Event::delete(11, obj(10), t)),
+            Arc::new(Event::put(obj(12), None, t)),
+        ],
+    ));
+    let deliver = |w: &mut World, run: Arc<EventRun>, picks: Picks| {
+        w.s.handle_cache(w.now, CacheMsg::Events { run, items: vec![WatchItems { tag, picks }] });
+        let mut out = Vec::new();
+        while let Some(o) = w.s.poll_output() {
+            match o {
+                SessionOutput::Respond(Response::Events(e)) => out.push((
+                    seen(Response::Events(e.clone())),
+                    e.picks.clone(),
+                    e.credit.map(|c| c.n),
+                )),
+                SessionOutput::Cache { cmd: CacheCmd::Credit { n, .. }, .. } => {
+                    out.push((Seen::Progress { id: -9, rev: n }, Picks::Range(0, 0), None))
+                }
+                o => panic!("unexpected output {o:?}"),
+            }
+        }
+        out
+    };
+    assert_eq!(
+        deliver(&mut w, run, Picks::Range(0, 3)),
+        vec![(Seen::Events { id: 0, revs: vec![12] }, Picks::Range(2, 3), Some(3))]
+    );
+    // Only a delete: nothing to send, the credit at once.
+    let run = Arc::new(EventRun::new(13, vec![Arc::new(Event::delete(13, obj(12), t))]));
+    assert_eq!(
+        deliver(&mut w, run, Picks::Range(0, 1)),
+        vec![(Seen::Progress { id: -9, rev: 1 }, Picks::Range(0, 0), None)]
+    );
+    // Nothing left out: the cache's picks as they came.
+    let run = Arc::new(EventRun::new(
+        15,
+        vec![Arc::new(Event::put(obj(14), None, t)), Arc::new(Event::put(obj(15), None, t))],
+    ));
+    assert_eq!(
+        deliver(&mut w, run, Picks::Range(0, 2)),
+        vec![(Seen::Events { id: 0, revs: vec![14, 15] }, Picks::Range(0, 2), Some(2))]
+    );
+}

@@ -3,6 +3,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod conformance;
+pub mod http;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -112,7 +113,7 @@ pub async fn connect(endpoint: &str, opts: Option<ConnectOptions>) -> Client {
 
 /// Sums the samples of `name` whose label text contains `filter`.
 pub async fn metric(url: &str, name: &str, filter: &str) -> f64 {
-    let text = reqwest::get(url).await.expect("metrics").text().await.expect("metrics text");
+    let text = http::get(url).await.expect("metrics").text().await.expect("metrics text");
     let mut sum = 0.0;
     for line in text.lines() {
         if line.starts_with('#') {

@@ -12,6 +12,7 @@ package selftest
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 
 	"watchcache.local/tools/robustness/checker"
@@ -614,12 +615,12 @@ func skipFirst(p *planter) (string, error) {
 }
 
 func serverCancel(p *planter) (string, error) {
-	pl, ok := p.find(func(pl place) bool { return len(pl.resps) >= 2 && p.clean(pl) })
+	pl, ok := p.find(func(pl place) bool { return beforeClientCancel(p.run, pl) >= 1 && p.clean(pl) })
 	if !ok {
 		return "", errNoPlace
 	}
+	last := pl.resps[beforeClientCancel(p.run, pl)]
 	s := p.use(pl)
-	last := pl.resps[len(pl.resps)-1]
 	spread(s)
 	resp := record.Response{Seq: s.Recvs[last].Seq + 1, At: s.Recvs[last].At, WatchID: pl.id, Revision: s.Recvs[last].Revision, Canceled: true, CancelReason: "injected"}
 	recvs := append([]record.Response(nil), s.Recvs[:last+1]...)
@@ -628,9 +629,33 @@ func serverCancel(p *planter) (string, error) {
 	return fmt.Sprintf("watch record %d: a cancel the client did not ask for after #%d", pl.watch, s.Recvs[last].Seq), nil
 }
 
+// beforeClientCancel: the index into pl.resps of the watch's last event response before the
+// client first cancelled it (a cancel from the server after that is an answer, not a
+// violation), or -1. On a clientv3 stream any cancel counts, as the checker counts it.
+func beforeClientCancel(run *record.Run, pl place) int {
+	s := &run.Streams[pl.stream]
+	cancelSeq := math.MaxInt
+	for _, snd := range s.Sends {
+		if snd.Kind == record.SendCancel && (s.Client == record.ClientV3 || snd.WatchID == pl.id) && snd.Seq < cancelSeq {
+			cancelSeq = snd.Seq
+		}
+	}
+	for i := len(pl.resps) - 1; i >= 0; i-- {
+		if s.Recvs[pl.resps[i]].Seq < cancelSeq {
+			return i
+		}
+	}
+	return -1
+}
+
 func progressBelowStart(p *planter) (string, error) {
+	// Not on a clientv3 stream: clientv3 hands a stream's watch_id -1 answers to each of its
+	// watches, so the checker rightly lets one at or below the watch's created revision pass
+	// (etcd may have computed it before the watch existed); a resumed watch's created revision
+	// is at or above its start, so no place there would show the fault.
 	pl, ok := p.find(func(pl place) bool {
-		return len(pl.resps) >= 1 && p.run.Watches[pl.watch].Request.StartRevision > 10 && p.clean(pl)
+		return len(pl.resps) >= 1 && p.run.Streams[pl.stream].Client != record.ClientV3 &&
+			p.run.Watches[pl.watch].Request.StartRevision > 10 && p.clean(pl)
 	})
 	if !ok {
 		return "", errNoPlace

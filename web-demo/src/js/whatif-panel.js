@@ -68,6 +68,7 @@ export class WhatIfPanel {
     this.hooks = hooks;
     this.worker = null;
     this.runId = 0;
+    this.presetId = 0; // the latest preset asked for: an older one that arrives late is dropped
     this.running = null; // {id, workload, started}
     this.index = null;
     this.loaded = false;
@@ -117,16 +118,23 @@ export class WhatIfPanel {
 
   async loadPreset(file) {
     $("wi-preset").value = file;
+    const id = ++this.presetId;
     if (!file) {
       this.setWorkload({}, null);
       return;
     }
+    // While it loads, the panel says so (data-loading), and the editor holds the previous
+    // workload: an edit made meanwhile is replaced by the preset when it arrives.
+    $("whatif").dataset.loading = file;
     try {
       const res = await fetch(`scenarios/simulate/${file}`);
       if (!res.ok) throw new Error(`scenarios/simulate/${file}: HTTP ${res.status}`);
-      this.setWorkload(await res.json(), file);
+      const w = await res.json();
+      if (id === this.presetId) this.setWorkload(w, file);
     } catch (e) {
-      this.showError(`The preset ${file} could not be loaded`, e.message);
+      if (id === this.presetId) this.showError(`The preset ${file} could not be loaded`, e.message);
+    } finally {
+      if (id === this.presetId) delete $("whatif").dataset.loading;
     }
   }
 
