@@ -30,6 +30,10 @@ pub struct CacheConfig {
     pub create_wait: Duration,
     /// How a linearizable read, or a watch from "now", learns etcd's current revision.
     pub freshness: Freshness,
+    /// The shortest time between two sends of deliveries to the watch sessions: events that
+    /// come sooner after a send are gathered and go together at the end of it (at most this
+    /// much later). 0 sends after every wake-up of the cache.
+    pub delivery_coalesce: Duration,
 }
 
 /// Where the current revision of a linearizable read comes from.
@@ -68,6 +72,7 @@ impl Default for CacheConfig {
             rejoin_interval: Duration::from_secs(1),
             create_wait: Duration::from_secs(5),
             freshness: Freshness::Auto,
+            delivery_coalesce: Duration::from_millis(5),
         }
     }
 }

@@ -109,6 +109,12 @@ struct ServeArgs {
     /// otherwise) or `quorum` (always a quorum read of one key, as Kubernetes).
     #[arg(long, default_value = "auto")]
     freshness: String,
+    /// The shortest time between two sends of events to the watch streams: under load, events
+    /// that come sooner are gathered and sent together at most this much later (each stream
+    /// then wakes once for several revisions); an event after a quiet spell goes at once.
+    /// 0ms sends every revision as soon as the cache has it.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    delivery_coalesce: std::time::Duration,
     /// Idle watches that asked for progress notify get one this often (etcd: 10m).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     progress_notify_interval: std::time::Duration,
@@ -178,6 +184,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     cfg.listen_http = Some(a.listen_http);
     cfg.prefixes = a.prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.cache.progress_notify_interval = a.progress_notify_interval;
+    cfg.cache.delivery_coalesce = a.delivery_coalesce;
     cfg.cache.reflector.backfill_revisions = a.backfill_revisions;
     cfg.cache.freshness = host_etcd::config::Freshness::parse(&a.freshness)?;
     cfg.auth_cache_ttl = a.auth_cache_ttl;

@@ -521,3 +521,47 @@ async fn the_ring_holds_at_most_max_cache_bytes() {
     assert!(text.contains("\"code\":410"), "{text}");
     assert!(env.cache_metric("watchcache_watch_expired_total", "").await >= 1.0);
 }
+
+/// `delivery_coalesce`: an event after a quiet spell goes at once; events that follow a send
+/// sooner than the hold are gathered and go together when it ends (whole revisions, in order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_events_are_gathered_for_the_hold_and_a_lone_event_goes_at_once() {
+    let hold = Duration::from_secs(1);
+    let env = Env::start_with(EtcdOptions::default(), |c| c.cache.delivery_coalesce = hold).await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let mut stream =
+        cached.watch("/co/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+    assert!(stream.message().await.expect("ok").expect("created").created());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A lone event: no send for a while, so it goes at once.
+    let t = Instant::now();
+    let first = direct.put("/co/a", "0", None).await.expect("put").header().expect("h").revision();
+    let r = stream.message().await.expect("ok").expect("response");
+    let lone = t.elapsed();
+    assert_eq!(
+        r.events().iter().map(|e| e.kv().expect("kv").mod_revision()).collect::<Vec<_>>(),
+        [first]
+    );
+    assert!(lone < hold * 7 / 10, "a lone event took {lone:?} (hold {hold:?})");
+    // Ten revisions right after that send: held until the hold ends, then sent together.
+    let mut revs = Vec::new();
+    for i in 1..=10 {
+        let h = direct.put(format!("/co/k{i}"), "v", None).await.expect("put");
+        revs.push(h.header().expect("h").revision());
+    }
+    let mut got = Vec::new();
+    let mut responses = 0;
+    while got.len() < revs.len() {
+        let r = stream.message().await.expect("ok").expect("response");
+        responses += 1;
+        got.extend(r.events().iter().map(|e| e.kv().expect("kv").mod_revision()));
+    }
+    assert_eq!(got, revs, "every revision once, in order");
+    assert!(responses <= 2, "10 revisions within the hold came in {responses} responses");
+    assert!(
+        t.elapsed() >= hold * 8 / 10,
+        "the gathered events came {:?} after the first",
+        t.elapsed()
+    );
+}

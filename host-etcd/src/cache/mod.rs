@@ -397,8 +397,15 @@ impl CacheHandle {
 
 /// Where a core watch's outputs go.
 enum Route {
-    /// An etcd-style watch of a session.
-    Etcd { session: SessionId, tag: WatchTag, sink: SessionSink, started: bool },
+    /// An etcd-style watch of a session, with the events gathered for it since the last
+    /// send (indices into `Pending::events`).
+    Etcd {
+        session: SessionId,
+        tag: WatchTag,
+        sink: SessionSink,
+        started: bool,
+        picks: Option<Picks>,
+    },
     /// A core watch.
     Core { sink: mpsc::UnboundedSender<CoreItem> },
 }
@@ -408,15 +415,19 @@ enum ReadReply {
     Read(oneshot::Sender<Result<ReadOutcome, Status>>),
 }
 
-/// Deliveries gathered in one wake-up, flushed per session.
+/// Deliveries gathered since the last send, flushed per session. The etcd-style watches'
+/// picks live in their routes; the buffers here keep their capacity from send to send.
 #[derive(Default)]
 struct Pending {
-    /// The events given to etcd-style watches, in order (one run per wake-up).
+    /// The events given to etcd-style watches, in order (one run per send).
     events: Vec<Arc<Event>>,
-    etcd: HashMap<RequestId, Picks>,
+    /// The etcd-style watches with picks, in the order they got their first.
     etcd_order: Vec<RequestId>,
     core: HashMap<RequestId, Vec<WatchEvent>>,
     core_order: Vec<RequestId>,
+    /// Scratch for a send: each session's message, and where it is in the list.
+    per_session: Vec<(SessionSink, Vec<WatchItems>)>,
+    session_index: HashMap<SessionId, usize>,
 }
 
 impl Pending {
@@ -501,6 +512,37 @@ pub(crate) struct CacheTask {
     /// One copy of each watched range, so that the core checks a range once per event for all
     /// the watchers that share it.
     interned: HashMap<KeyRange, KeyRange>,
+    /// When gathered deliveries go to the sessions, and when the ones held now go.
+    pacer: SendPacer,
+    flush_at: Option<Instant>,
+}
+
+/// When deliveries gathered by the cache go to the watch sessions
+/// (`CacheConfig::delivery_coalesce`): at once after a quiet spell, otherwise `hold` after the
+/// previous send. Under load each session is then woken once for several revisions instead of
+/// once for each; a lone event waits for nothing.
+#[derive(Debug)]
+struct SendPacer {
+    hold: Duration,
+    last: Option<Instant>,
+}
+
+impl SendPacer {
+    fn new(hold: Duration) -> SendPacer {
+        SendPacer { hold, last: None }
+    }
+
+    /// When what is gathered at `now` goes: `None` at once, else at that time.
+    fn due(&self, now: Instant) -> Option<Instant> {
+        let last = self.last.filter(|_| !self.hold.is_zero())?;
+        let at = last + self.hold;
+        (now < at).then_some(at)
+    }
+
+    /// A send happened at `now`.
+    fn sent(&mut self, now: Instant) {
+        self.last = Some(now);
+    }
 }
 
 /// What [`new_cache`] makes: the handle, the task to spawn, and the reflector's ends.
@@ -534,6 +576,7 @@ pub(crate) fn new_cache(
         status: status_rx,
         config: config.clone(),
     };
+    let pacer = SendPacer::new(config.delivery_coalesce);
     let task = CacheTask {
         prefix,
         cacher,
@@ -558,6 +601,8 @@ pub(crate) fn new_cache(
         drop_next_revision: false,
         received_rv: 0,
         interned: HashMap::default(),
+        pacer,
+        flush_at: None,
     };
     Ok(NewCache { handle, task, storage_tx, ctl_rx })
 }
@@ -574,6 +619,7 @@ impl CacheTask {
                 .map(|(d, _)| *d)
                 .chain(self.frontiers_waiting.iter().map(|(_, d, _)| *d))
                 .chain(self.next_nudge)
+                .chain(self.flush_at)
                 .min();
             let deadline = match (core, ready_wait) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -614,7 +660,7 @@ impl CacheTask {
                     self.nudge_reflector();
                 }
             }
-            self.flush();
+            self.flush_or_hold();
             self.publish();
         }
         let now = self.clock.now();
@@ -899,7 +945,8 @@ impl CacheTask {
             Ok(id) => {
                 // Started (or refused) comes out of the outputs, with the first credit.
                 let EtcdWatchStart { session, sink, tag, .. } = *start;
-                self.routes.insert(id, Route::Etcd { session, tag, sink, started: false });
+                self.routes
+                    .insert(id, Route::Etcd { session, tag, sink, started: false, picks: None });
             }
             Err(s) => refuse(&start, &s.message),
         }
@@ -1011,13 +1058,13 @@ impl CacheTask {
                 Output::Fanout { event, targets } => {
                     let mut index = None;
                     for &cacher_core::Target { watch: id, kind } in targets.iter() {
-                        match self.routes.get(&id) {
-                            Some(Route::Etcd { .. }) => {
+                        match self.routes.get_mut(&id) {
+                            Some(Route::Etcd { picks, .. }) => {
                                 let i = *index.get_or_insert_with(|| {
                                     self.pending.events.push(event.clone());
                                     (self.pending.events.len() - 1) as u32
                                 });
-                                pick(&mut self.pending, id, i);
+                                pick(&mut self.pending.etcd_order, picks, id, i);
                             }
                             Some(Route::Core { .. }) => core_item(
                                 &mut self.pending,
@@ -1028,13 +1075,13 @@ impl CacheTask {
                         }
                     }
                 }
-                Output::Deliver { watch, events } => match self.routes.get(&watch) {
-                    Some(Route::Etcd { .. }) => {
+                Output::Deliver { watch, events } => match self.routes.get_mut(&watch) {
+                    Some(Route::Etcd { picks, .. }) => {
                         for e in events {
                             if let WatchEvent::Change(_, ev) = e {
                                 self.pending.events.push(ev);
                                 let i = (self.pending.events.len() - 1) as u32;
-                                pick(&mut self.pending, watch, i);
+                                pick(&mut self.pending.etcd_order, picks, watch, i);
                             }
                         }
                     }
@@ -1154,39 +1201,55 @@ impl CacheTask {
         }
     }
 
-    /// Sends what was gathered: one message per session (etcd-style watches), one item per
-    /// core watch.
-    fn flush(&mut self) {
+    /// Sends what was gathered now, or holds it for a while ([`SendPacer`]).
+    fn flush_or_hold(&mut self) {
         if self.pending.is_empty() {
             self.pending.events.clear();
             return;
         }
-        let pending = std::mem::take(&mut self.pending);
-        if !pending.etcd_order.is_empty() {
-            let run = Arc::new(EventRun::new(self.cacher.resource_version(), pending.events));
-            let mut per_session: Vec<(SessionId, SessionSink, Vec<WatchItems>)> = Vec::new();
-            let mut index: HashMap<SessionId, usize> = HashMap::default();
-            let mut picks = pending.etcd;
-            for id in &pending.etcd_order {
-                let (Some(Route::Etcd { session, tag, sink, .. }), Some(p)) =
-                    (self.routes.get(id), picks.remove(id))
+        match self.pacer.due(Instant::now()) {
+            Some(at) => self.flush_at = Some(at),
+            None => self.flush(),
+        }
+    }
+
+    /// Sends what was gathered: one message per session (etcd-style watches), one item per
+    /// core watch. Everything that must follow deliveries (a watch's end, a frontier answer)
+    /// calls this first.
+    fn flush(&mut self) {
+        self.flush_at = None;
+        if self.pending.is_empty() {
+            self.pending.events.clear();
+            return;
+        }
+        self.pacer.sent(Instant::now());
+        let p = &mut self.pending;
+        if !p.etcd_order.is_empty() {
+            let run = Arc::new(EventRun::new(
+                self.cacher.resource_version(),
+                std::mem::take(&mut p.events),
+            ));
+            for id in p.etcd_order.drain(..) {
+                let Some(Route::Etcd { session, tag, sink, picks, .. }) = self.routes.get_mut(&id)
                 else {
                     continue;
                 };
-                let i = *index.entry(*session).or_insert_with(|| {
-                    per_session.push((*session, sink.clone(), Vec::new()));
-                    per_session.len() - 1
+                let Some(picks) = picks.take() else { continue };
+                let i = *p.session_index.entry(*session).or_insert_with(|| {
+                    p.per_session.push((sink.clone(), Vec::new()));
+                    p.per_session.len() - 1
                 });
-                per_session[i].2.push(WatchItems { tag: *tag, picks: p });
+                p.per_session[i].1.push(WatchItems { tag: *tag, picks });
             }
-            for (_, sink, items) in per_session {
+            for (sink, items) in p.per_session.drain(..) {
                 let _ = sink.send(CacheMsg::Events { run: run.clone(), items });
             }
+            p.session_index.clear();
         }
-        let mut core = pending.core;
-        for id in &pending.core_order {
+        p.events.clear();
+        for id in p.core_order.drain(..) {
             if let (Some(Route::Core { sink }), Some(events)) =
-                (self.routes.get(id), core.remove(id))
+                (self.routes.get(&id), p.core.remove(&id))
             {
                 let _ = sink.send(CoreItem::Events(events));
             }
@@ -1395,12 +1458,13 @@ fn refuse(start: &EtcdWatchStart, reason: &str) {
     let _ = start.sink.send(CacheMsg::Refused { tag: start.tag, reason: reason.to_owned() });
 }
 
-fn pick(pending: &mut Pending, id: RequestId, i: u32) {
-    match pending.etcd.get_mut(&id) {
+/// Adds event `i` to watch `id`'s picks (`slot`, in its route).
+fn pick(order: &mut Vec<RequestId>, slot: &mut Option<Picks>, id: RequestId, i: u32) {
+    match slot {
         Some(p) => p.push(i),
         None => {
-            pending.etcd.insert(id, Picks::one(i));
-            pending.etcd_order.push(id);
+            *slot = Some(Picks::one(i));
+            order.push(id);
         }
     }
 }
@@ -1419,5 +1483,31 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_after_a_quiet_spell_goes_at_once_and_a_busy_one_waits_for_the_hold() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = SendPacer::new(ms(5));
+        assert_eq!(p.due(t0), None, "the first send goes at once");
+        p.sent(t0);
+        assert_eq!(p.due(t0 + ms(2)), Some(t0 + ms(5)), "2 ms later: held until 5 ms after");
+        assert_eq!(p.due(t0 + ms(5)), None, "the hold is over");
+        p.sent(t0 + ms(5));
+        assert_eq!(p.due(t0 + ms(60)), None, "after a quiet spell: at once");
+    }
+
+    #[test]
+    fn no_hold_sends_every_time() {
+        let t0 = Instant::now();
+        let mut p = SendPacer::new(Duration::ZERO);
+        p.sent(t0);
+        assert_eq!(p.due(t0), None);
     }
 }
