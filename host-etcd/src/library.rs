@@ -26,7 +26,7 @@ use crate::config::CacheConfig;
 use crate::convert::{pb_event, range_response, FILTER_NODELETE, FILTER_NOPUT};
 use crate::keys::Keys;
 use crate::metrics::{CacheSample, HostMetrics};
-use crate::session::driver::{self, OutItem, Outbox, SessionEnv};
+use crate::session::driver::{SessionDriver, SessionEnv};
 use crate::session::{Response, SessionConfig};
 use crate::upstream::Upstream;
 
@@ -320,7 +320,7 @@ pub(crate) fn session_config(config: &CacheConfig, check_permissions: bool) -> S
 pub struct Cache {
     env: Arc<SessionEnv>,
     prefix: Vec<u8>,
-    streams: std::sync::Mutex<Vec<mpsc::WeakSender<Result<PbWatchRequest, Status>>>>,
+    streams: std::sync::Mutex<Vec<mpsc::WeakUnboundedSender<Result<PbWatchRequest, Status>>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -475,21 +475,18 @@ impl Cache {
                 c.filters.push(FILTER_NODELETE);
             }
         }
-        let (req_tx, req_rx) = mpsc::channel::<Result<PbWatchRequest, Status>>(8);
-        let (out_tx, out_rx) = Outbox::new();
-        tokio::spawn(driver::run(
+        // Unbounded: the session reads its requests only while the stream is polled, and a
+        // caller that asks for progress must not wait for that.
+        let (req_tx, req_rx) = mpsc::unbounded_channel::<Result<PbWatchRequest, Status>>();
+        let driver = SessionDriver::new(
             self.env.clone(),
             MetadataMap::new(),
-            tokio_stream::wrappers::ReceiverStream::new(req_rx),
-            out_tx,
-        ));
-        req_tx
-            .send(Ok(create))
-            .await
-            .map_err(|_| Error::Unavailable("the cache is closed".into()))?;
+            tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx),
+        );
+        req_tx.send(Ok(create)).map_err(|_| Error::Unavailable("the cache is closed".into()))?;
         let mut stream = WatchStream {
             req_tx,
-            out: out_rx,
+            driver: Box::new(driver),
             ready: std::collections::VecDeque::new(),
             watch_id: 0,
             done: false,
@@ -569,7 +566,7 @@ impl Cache {
             let req = PbWatchRequest {
                 request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
             };
-            let _ = tx.send(Ok(req)).await;
+            let _ = tx.send(Ok(req));
         }
     }
 
@@ -601,10 +598,15 @@ fn cancel_error(r: &PbWatchResponse) -> Error {
     }
 }
 
+/// A library watch's session, reading its requests from the stream's channel.
+type WatchDriver =
+    SessionDriver<tokio_stream::wrappers::UnboundedReceiverStream<Result<PbWatchRequest, Status>>>;
+
 /// A watch: a `futures::Stream` of etcd's `WatchResponse`s. Dropping it cancels the watch.
+/// Its session runs as the stream is polled.
 pub struct WatchStream {
-    req_tx: mpsc::Sender<Result<PbWatchRequest, Status>>,
-    out: crate::queue::Receiver<OutItem>,
+    req_tx: mpsc::UnboundedSender<Result<PbWatchRequest, Status>>,
+    driver: Box<WatchDriver>,
     /// The rest of the last batch.
     ready: std::collections::VecDeque<Response>,
     watch_id: i64,
@@ -633,10 +635,7 @@ impl WatchStream {
         let req = PbWatchRequest {
             request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
         };
-        self.req_tx
-            .send(Ok(req))
-            .await
-            .map_err(|_| Error::Unavailable("the watch has ended".into()))
+        self.req_tx.send(Ok(req)).map_err(|_| Error::Unavailable("the watch has ended".into()))
     }
 
     /// The next response (`None` when the watch has ended).
@@ -673,21 +672,18 @@ impl futures::Stream for WatchStream {
         }
         let next = match self.ready.pop_front() {
             Some(r) => Poll::Ready(Some(Ok(r))),
-            None => match self.out.poll_recv(cx) {
-                Poll::Ready(Some(OutItem::Batch(batch, _permit))) => {
-                    self.ready.extend(batch);
-                    match self.ready.pop_front() {
-                        Some(r) => Poll::Ready(Some(Ok(r))),
-                        None => {
-                            cx.waker().wake_by_ref();
-                            Poll::Pending
-                        }
-                    }
+            None => {
+                let this = &mut *self;
+                let ready = &mut this.ready;
+                match this.driver.poll_responses(cx, usize::MAX, |r, _| ready.push_back(r)) {
+                    Poll::Ready(Ok(())) => ready
+                        .pop_front()
+                        .map(|r| Poll::Ready(Some(Ok(r))))
+                        .unwrap_or(Poll::Ready(None)),
+                    Poll::Ready(Err(s)) => Poll::Ready(Some(Err(s))),
+                    Poll::Pending => Poll::Pending,
                 }
-                Poll::Ready(Some(OutItem::End(s))) => Poll::Ready(Some(Err(s))),
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            },
+            }
         };
         match next {
             Poll::Pending => Poll::Pending,

@@ -1,7 +1,8 @@
-//! etcd's `Watch` service on the wire: each client stream gets a watch session (`session/`);
-//! its requests are decoded by tonic's streaming decoder, and its responses written here as
-//! gRPC messages, a whole batch (one session wake-up: many watches, many revisions) in one
-//! HTTP/2 data frame, cached events from their shared encodings (`wire.rs`).
+//! etcd's `Watch` service on the wire: each client stream gets a watch session (`session/`),
+//! run by the stream's response body itself (no task of its own); its requests are decoded by
+//! tonic's streaming decoder, and its responses written here as gRPC messages, everything one
+//! poll takes (many watches, many revisions) in one HTTP/2 data frame, cached events from their
+//! shared encodings (`wire.rs`).
 //!
 //! etcd counterpart: `server/etcdserver/api/v3rpc/watch.go` (`Watch`, `sendLoop`).
 
@@ -11,12 +12,12 @@ use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::Frame;
+use tonic::codec::Streaming;
 use tonic::Status;
 
 use super::wire::{encode_response, WatchDecoder};
 use super::Ctx;
-use crate::queue;
-use crate::session::driver::{self, OutItem, Outbox};
+use crate::session::driver::SessionDriver;
 use crate::upstream::forwardable;
 
 /// Responses written into one data frame at most (more wait for the next poll).
@@ -29,23 +30,20 @@ pub(crate) async fn route(
 ) -> http::Response<tonic::body::Body> {
     let (parts, body) = req.into_parts();
     let md = forwardable(&tonic::metadata::MetadataMap::from_headers(parts.headers));
-    let inbound =
-        tonic::codec::Streaming::new_request(WatchDecoder, body, None, Some(ctx.max_request_bytes));
-    let (out, rx) = Outbox::new();
-    tokio::spawn(driver::run(ctx.env.clone(), md, inbound, out));
-    let body = WatchBody { rx, end: None, done: false };
+    let inbound = Streaming::new_request(WatchDecoder, body, None, Some(ctx.max_request_bytes));
+    let body = WatchBody { driver: SessionDriver::new(ctx.env.clone(), md, inbound), done: false };
     let mut resp = http::Response::new(tonic::body::Body::new(body));
     resp.headers_mut()
         .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
     resp
 }
 
-/// The response body: the session's batches as gRPC messages, then the trailers with the
-/// stream's status.
+/// The response body, which runs the stream's session ([`SessionDriver`]): what it answers as
+/// gRPC messages, then the trailers with the stream's status. Dropped when the client goes
+/// away, which ends the session.
 struct WatchBody {
-    rx: queue::Receiver<OutItem>,
-    /// The status that ends the stream, once known (sent after the data before it).
-    end: Option<Status>,
+    driver: SessionDriver<Streaming<etcd_client::proto::PbWatchRequest>>,
+    /// The trailers have gone.
     done: bool,
 }
 
@@ -68,54 +66,27 @@ impl http_body::Body for WatchBody {
         if self.done {
             return Poll::Ready(None);
         }
-        if let Some(status) = self.end.take() {
-            self.done = true;
-            return Poll::Ready(Some(Ok(trailers(&status))));
-        }
         let mut buf = BytesMut::new();
-        loop {
-            let item = if buf.is_empty() {
-                match self.rx.poll_recv(cx) {
-                    Poll::Ready(item) => item,
-                    Poll::Pending => return Poll::Pending,
-                }
-            } else {
-                // What is already queued goes into the same frame.
-                match self.rx.try_recv() {
-                    Ok(item) => Some(item),
-                    Err(_) => break,
-                }
-            };
-            match item {
-                Some(OutItem::Batch(batch, _permit)) => {
-                    for r in &batch {
-                        let start = buf.len();
-                        // The gRPC message prefix: not compressed, then the length.
-                        buf.put_u8(0);
-                        buf.put_u32(0);
-                        encode_response(r, &mut buf);
-                        let len = (buf.len() - start - 5) as u32;
-                        buf[start + 1..start + 5].copy_from_slice(&len.to_be_bytes());
-                    }
-                    if buf.len() >= FRAME_BYTES {
-                        break;
-                    }
-                }
-                Some(OutItem::End(status)) => {
-                    self.end = Some(*status);
-                    break;
-                }
-                None => {
-                    self.end = Some(Status::ok(""));
-                    break;
-                }
+        let polled = self.driver.poll_responses(cx, FRAME_BYTES, |r, waiting| {
+            if buf.is_empty() {
+                // What waits is counted roughly (the events' sizes): room for it in one go.
+                buf.reserve(waiting.min(FRAME_BYTES) * 5 / 4 + 64);
             }
+            let start = buf.len();
+            // The gRPC message prefix: not compressed, then the length.
+            buf.put_u8(0);
+            buf.put_u32(0);
+            encode_response(&r, &mut buf);
+            let len = (buf.len() - start - 5) as u32;
+            buf[start + 1..start + 5].copy_from_slice(&len.to_be_bytes());
+        });
+        match polled {
+            Poll::Ready(Ok(())) => Poll::Ready(Some(Ok(Frame::data(buf.freeze())))),
+            Poll::Ready(Err(status)) => {
+                self.done = true;
+                Poll::Ready(Some(Ok(trailers(&status))))
+            }
+            Poll::Pending => Poll::Pending,
         }
-        if buf.is_empty() {
-            let status = self.end.take().unwrap_or_else(|| Status::ok(""));
-            self.done = true;
-            return Poll::Ready(Some(Ok(trailers(&status))));
-        }
-        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
     }
 }

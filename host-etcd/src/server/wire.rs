@@ -31,7 +31,7 @@ pub fn encode_event_field(ev: &Event, prev_kv: bool) -> Bytes {
 /// Writes a cached events response: header, watch id, then each event's shared encoding.
 pub fn encode_events(e: &EventsResponse, dst: &mut impl BufMut) {
     // Every watcher of a run gets the same header: encoded once.
-    dst.put_slice(&e.run.header_encoding(|| {
+    dst.put_slice(e.run.header_encoding(|| {
         let mut b = BytesMut::with_capacity(32);
         prost::encoding::message::encode(1, &e.header, &mut b);
         b.freeze()
@@ -40,7 +40,7 @@ pub fn encode_events(e: &EventsResponse, dst: &mut impl BufMut) {
         prost::encoding::int64::encode(2, &e.watch_id, dst);
     }
     for i in e.picks.iter() {
-        dst.put_slice(&e.run.encoding(i, e.prev_kv, encode_event_field));
+        dst.put_slice(e.run.encoding(i, e.prev_kv, encode_event_field));
     }
 }
 

@@ -1,9 +1,17 @@
 //! The tokio driver of a [`WatchSession`]: it feeds the session the client's requests, the
 //! caches' messages, the relays' responses and the time, and carries out what the session asks
-//! (responses into the bounded outbox, commands to the cache tasks, relay tasks, permission
-//! checks). It holds no logic of its own beyond flow control: while the outbox is full it stops
-//! taking cache messages and relay responses (the caches then hold events for the session's
-//! watches within their credit, and the relays stop reading etcd's streams).
+//! (responses for the client, commands to the cache tasks, relay tasks, permission checks).
+//!
+//! It is not a task of its own: [`SessionDriver::poll_responses`] runs it from wherever the
+//! client's responses are read — the HTTP/2 response body of the `Watch` call (one task per
+//! stream: hyper's, which writes what it returns), or the library's watch stream. Each call
+//! takes in everything that is ready, without waiting, and hands out what the session has
+//! answered. So a cache's events reach the client's transport with one task wake-up, and a
+//! stream whose client stops reading is not run at all: HTTP/2 stops polling its body once the
+//! client's flow-control window is full; the caches then hold its watches' events within their
+//! credit (and the watches fall behind into the ring), its relays stop reading etcd (their
+//! channel is bounded), and its requests wait in HTTP/2's receive window. Dropping the driver
+//! (the client went away) ends the session: cache watches cancelled, relays closed.
 //!
 //! etcd counterpart: the goroutines of `v3rpc/watch.go` (`recvLoop`, `sendLoop`) and, for the
 //! relays, the gRPC proxy's `watch_broadcast.go`.
@@ -12,11 +20,14 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use etcd_client::proto::{PbWatchRequest, PbWatchResponse};
+use futures::Stream;
 use rustc_hash::FxHashMap as HashMap;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::WatchStream;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 use tracing::debug;
@@ -66,92 +77,15 @@ pub struct SessionEnv {
     pub shutdown: watch::Receiver<bool>,
 }
 
-/// Responses buffered towards the client before the session waits for it...
-const OUT_ITEMS: usize = 64;
-/// ...and their bytes: what a stream whose client stops reading costs, beyond HTTP/2's flow
-/// control window (a response larger than this still goes, alone).
-pub const OUT_BYTES: usize = 256 << 10;
-/// Responses the driver holds before it stops taking relayed input for the client.
+/// Responses the driver holds for the client before it stops taking relayed input...
+const PENDING_ITEMS: usize = 64;
+/// ...and their bytes (a response larger than this still goes, alone).
 const PENDING_BYTES: usize = 128 << 10;
-
-/// What goes to the client's transport.
-pub enum OutItem {
-    /// Responses, a batch per wake-up (the server writes a batch as one HTTP/2 data frame),
-    /// holding their share of the outbox's byte budget until the transport takes them.
-    Batch(Vec<Response>, OwnedSemaphorePermit),
-    /// The error that ends the stream.
-    End(Box<Status>),
-}
-
-/// The session's side of the queue towards the client, bounded in responses and in bytes.
-pub struct Outbox {
-    tx: queue::Sender<OutItem>,
-    budget: Arc<Semaphore>,
-}
-
-impl Outbox {
-    /// A queue and its receiving end.
-    pub fn new() -> (Outbox, queue::Receiver<OutItem>) {
-        let (tx, rx) = queue::bounded(OUT_ITEMS);
-        (Outbox { tx, budget: Arc::new(Semaphore::new(OUT_BYTES)) }, rx)
-    }
-
-    /// Ends the stream with `status`.
-    async fn fail(&self, status: Status) {
-        let _ = self.tx.send_wait(OutItem::End(Box::new(status))).await;
-    }
-
-    /// Moves what fits of `pending` to the transport as one batch; returns the batch's credit.
-    fn push(&self, pending: &mut Pending) -> Vec<super::Credit> {
-        let mut credits = Vec::new();
-        if pending.items.is_empty() {
-            return credits;
-        }
-        // The outbox's only sender: room now is room when the batch is sent.
-        if !self.tx.has_room() {
-            return credits;
-        }
-        let available = self.budget.available_permits();
-        let (mut take, mut bytes) = (0usize, 0usize);
-        for r in pending.items.iter() {
-            let size = budget_size(r);
-            if bytes + size > available {
-                break;
-            }
-            bytes += size;
-            take += 1;
-        }
-        if take == 0 {
-            return credits;
-        }
-        let Ok(permit) = self.budget.clone().try_acquire_many_owned(bytes as u32) else {
-            return credits;
-        };
-        // Everything fits (the usual case): the pending buffer becomes the batch, and an idle
-        // stream keeps no buffer. A buffer grown while the client was not reading is not
-        // passed on (a batch waits in the outbox with its whole capacity).
-        let all = take == pending.items.len();
-        let batch: Vec<Response> = if all && pending.items.capacity() <= 2 * take {
-            std::mem::take(&mut pending.items).into()
-        } else {
-            let batch = pending.items.drain(..take).collect();
-            super::release(&mut pending.items);
-            batch
-        };
-        pending.bytes = pending.bytes.saturating_sub(bytes);
-        for r in &batch {
-            if let Response::Events(e) = r {
-                credits.extend(e.credit);
-            }
-        }
-        // A client that went away takes nothing (the session ends on `closed`).
-        let _ = self.tx.try_send(OutItem::Batch(batch, permit));
-        credits
-    }
-}
+/// Inputs taken in one call before the driver hands out what it has (or yields).
+const INPUTS_PER_POLL: usize = 256;
 
 /// The responses the driver holds for the client, and their bytes as [`budget_size`] counts
-/// them (taken out the same way by [`Outbox::push`]).
+/// them (taken out the same way by [`SessionDriver::poll_responses`]).
 #[derive(Default)]
 struct Pending {
     items: VecDeque<Response>,
@@ -164,17 +98,23 @@ impl Pending {
         self.items.push_back(r);
     }
 
+    fn pop_front(&mut self) -> Option<Response> {
+        let r = self.items.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(budget_size(&r));
+        Some(r)
+    }
+
     /// Whether the driver may take more relayed input for the client.
     fn has_room(&self) -> bool {
-        self.bytes < PENDING_BYTES && self.items.len() < OUT_ITEMS
+        self.bytes < PENDING_BYTES && self.items.len() < PENDING_ITEMS
     }
 }
 
-/// What a response holds of the outbox's byte budget, and of the driver's pending bytes: its
-/// size, at least 1, at most the whole budget (a larger response still goes, alone). Counted
-/// the same way in and out, or the pending bytes drift and relayed input stops for good.
+/// What a response holds of the driver's pending bytes: its size, at least 1, at most the
+/// whole budget (a larger response still goes, alone). Counted the same way in and out, or the
+/// pending bytes drift and relayed input stops for good.
 fn budget_size(r: &Response) -> usize {
-    response_size(r).clamp(1, OUT_BYTES)
+    response_size(r).clamp(1, PENDING_BYTES)
 }
 
 /// Roughly what a response costs on the wire (for the byte budgets).
@@ -189,122 +129,246 @@ enum RelayCtl {
     Progress,
 }
 
-/// Serves one client watch stream until it ends, the client goes away, or the host shuts
-/// down.
-pub async fn run<S>(env: Arc<SessionEnv>, md: MetadataMap, mut inbound: S, out: Outbox)
+/// One client watch stream's session and everything it reads from (see the module's doc).
+pub struct SessionDriver<S> {
+    env: Arc<SessionEnv>,
+    session: WatchSession,
+    d: Driver,
+    inbound: S,
+    inbound_open: bool,
+    cache_rx: queue::Receiver<CacheMsg>,
+    /// The relays' and permission checks' channels are made when first needed (most streams
+    /// never use them, and a channel allocates its first block at once).
+    relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>>,
+    perm_rx: Option<mpsc::UnboundedReceiver<(u64, Permission)>>,
+    statuses: Vec<watch::Receiver<CacheStatus>>,
+    shutdown: WatchStream<bool>,
+    /// The session's next deadline, and its timer.
+    timer: Option<(tokio::time::Instant, Pin<Box<tokio::time::Sleep>>)>,
+    /// The status that ends the stream, once known (handed out after what is pending).
+    end: Option<Status>,
+    ended: bool,
+}
+
+impl<S> SessionDriver<S>
 where
-    S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin + Send,
+    S: Stream<Item = Result<PbWatchRequest, Status>> + Unpin + Send,
 {
-    let session_id = SessionId::next();
-    let (cache_tx, mut cache_rx) = queue::unbounded::<CacheMsg>();
-    // The relays' and permission checks' channels are made when first needed (most streams
-    // never use them, and a channel allocates its first block at once).
-    let mut relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>> = None;
-    let mut perm_rx: Option<mpsc::UnboundedReceiver<(u64, Permission)>> = None;
-    let mut statuses: Vec<watch::Receiver<CacheStatus>> =
-        env.caches.iter().map(CacheHandle::subscribe).collect();
-    let views = env
-        .caches
-        .iter()
-        .map(|c| CacheView { prefix: Arc::from(c.prefix()), status: c.status() })
-        .collect();
-    let mut session = WatchSession::new(env.config.clone(), views, env.clock.now());
-    let mut d = Driver {
-        env: env.clone(),
-        md,
-        session_id,
-        cache_tx,
-        relay_tx: None,
-        perm_tx: None,
-        new_relay_rx: None,
-        new_perm_rx: None,
-        relays: HashMap::default(),
-        pending: Pending::default(),
-        watch_gauge: 0,
-        owed: HashMap::default(),
-    };
-    env.metrics.grpc_stream(1);
-    let mut shutdown = env.shutdown.clone();
-    let mut inbound_open = true;
-    loop {
-        d.carry_out(&mut session);
-        if let Some(rx) = d.new_relay_rx.take() {
-            relay_rx = Some(rx);
+    /// A session for one client stream whose requests come from `inbound`.
+    pub fn new(env: Arc<SessionEnv>, md: MetadataMap, inbound: S) -> SessionDriver<S> {
+        let (cache_tx, cache_rx) = queue::unbounded::<CacheMsg>();
+        let statuses = env.caches.iter().map(CacheHandle::subscribe).collect();
+        let views = env
+            .caches
+            .iter()
+            .map(|c| CacheView { prefix: Arc::from(c.prefix()), status: c.status() })
+            .collect();
+        let session = WatchSession::new(env.config.clone(), views, env.clock.now());
+        let d = Driver {
+            env: env.clone(),
+            md,
+            session_id: SessionId::next(),
+            cache_tx,
+            relay_tx: None,
+            perm_tx: None,
+            new_relay_rx: None,
+            new_perm_rx: None,
+            relays: HashMap::default(),
+            pending: Pending::default(),
+            watch_gauge: 0,
+            owed: HashMap::default(),
+        };
+        env.metrics.grpc_stream(1);
+        let shutdown = WatchStream::new(env.shutdown.clone());
+        SessionDriver {
+            env,
+            session,
+            d,
+            inbound,
+            inbound_open: true,
+            cache_rx,
+            relay_rx: None,
+            perm_rx: None,
+            statuses,
+            shutdown,
+            timer: None,
+            end: None,
+            ended: false,
         }
-        if let Some(rx) = d.new_perm_rx.take() {
-            perm_rx = Some(rx);
+    }
+
+    /// Runs the session as far as it can without waiting, then hands what it answered to
+    /// `emit`, in order, up to about `max_bytes` (at least one response), each with the bytes
+    /// still waiting before it was taken (its own included: for sizing a buffer); the credit of
+    /// what is handed out goes back to the caches. `Ready(Ok(()))`: something was handed out;
+    /// `Ready(Err(status))`: the stream ends with `status` (once, after everything before it);
+    /// `Pending`: nothing yet (every source it waits on will wake the task).
+    pub fn poll_responses(
+        &mut self,
+        cx: &mut Context<'_>,
+        max_bytes: usize,
+        mut emit: impl FnMut(Response, usize),
+    ) -> Poll<Result<(), Status>> {
+        if !self.ended {
+            self.take_inputs(cx, max_bytes);
         }
-        // Hand what is ready to the transport as one batch, as far as the outbox has room;
-        // the credit of what it takes goes back to the caches.
-        for c in out.push(&mut d.pending) {
-            d.give_back(c);
-        }
-        // Relayed responses wait while the client is not reading (the relays then stop
-        // reading etcd); cache messages are bounded by credit and always taken.
-        let room = d.pending.has_room();
-        let deadline = session.poll_timeout().map(|(t, _)| env.clock.instant_of(t));
-        let now = || env.clock.now();
-        tokio::select! {
-            biased;
-            _ = shutdown.changed() => {
-                out.fail(Status::unavailable("watchcache is shutting down")).await;
-                break;
-            }
-            // The client went away (its end of the stream was dropped).
-            _ = out.tx.closed() => break,
-            m = futures::StreamExt::next(&mut inbound), if inbound_open => match m {
-                Some(Ok(req)) => {
-                    refresh(&mut session, &mut statuses);
-                    session.handle_request(now(), req);
-                }
-                // The client closed its sending side: as etcd does, its watches go on until
-                // it cancels the call.
-                None => inbound_open = false,
-                Some(Err(e)) => {
-                    // A request etcd could not read ends the stream with etcd's error (a
-                    // client that went away never sees it).
-                    debug!(error = %e, "watch stream ended");
-                    out.fail(e).await;
-                    break;
-                }
-            },
-            // The outbox has room again: loop to move what is pending.
-            _ = wait_room(&out, d.pending.items.front()), if !d.pending.items.is_empty() => {}
-            msg = cache_rx.recv() => {
-                if let Some(msg) = msg {
-                    refresh(&mut session, &mut statuses);
-                    session.handle_cache(now(), msg);
-                    // Everything already queued goes together (one batch per wake-up).
-                    for _ in 0..64 {
-                        match cache_rx.try_recv() {
-                            Ok(msg) => session.handle_cache(now(), msg),
-                            Err(_) => break,
-                        }
+        if !self.d.pending.items.is_empty() {
+            let mut bytes = 0;
+            loop {
+                let waiting = self.d.pending.bytes;
+                let Some(r) = self.d.pending.pop_front() else { break };
+                bytes += response_size(&r);
+                if let Response::Events(e) = &r {
+                    if let Some(c) = e.credit {
+                        self.d.give_back(c);
                     }
                 }
-            }
-            ev = recv(&mut relay_rx), if room => {
-                if let Some((relay, ev)) = ev {
-                    refresh(&mut session, &mut statuses);
-                    session.handle_relay(now(), relay, ev);
+                emit(r, waiting);
+                if bytes >= max_bytes {
+                    break;
                 }
             }
-            p = recv_unbounded(&mut perm_rx) => {
-                if let Some((token, decision)) = p {
-                    refresh(&mut session, &mut statuses);
-                    session.handle_permission(now(), token, decision);
+            super::release(&mut self.d.pending.items);
+            return Poll::Ready(Ok(()));
+        }
+        match self.end.take() {
+            Some(status) => Poll::Ready(Err(status)),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Takes in what is ready (the client's requests, the caches' messages, relayed responses
+    /// while there is room for them, permission decisions, the session's deadline, the host's
+    /// shutdown) until nothing is, the stream ends, or `max_bytes` of responses wait.
+    fn take_inputs(&mut self, cx: &mut Context<'_>, max_bytes: usize) {
+        let clock = self.env.clock;
+        let now = || clock.now();
+        for _ in 0..INPUTS_PER_POLL {
+            self.carry_out();
+            if self.ended || self.d.pending.bytes >= max_bytes {
+                return;
+            }
+            if let Poll::Ready(Some(true)) = Pin::new(&mut self.shutdown).poll_next(cx) {
+                self.finish(Status::unavailable("watchcache is shutting down"));
+                continue;
+            }
+            if self.inbound_open {
+                match Pin::new(&mut self.inbound).poll_next(cx) {
+                    Poll::Ready(Some(Ok(req))) => {
+                        refresh(&mut self.session, &mut self.statuses);
+                        self.session.handle_request(now(), req);
+                        continue;
+                    }
+                    // The client closed its sending side: as etcd does, its watches go on
+                    // until it cancels the call.
+                    Poll::Ready(None) => {
+                        self.inbound_open = false;
+                        continue;
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        // A request etcd could not read ends the stream with etcd's error (a
+                        // client that went away never sees it).
+                        debug!(error = %e, "watch stream ended");
+                        self.finish(e);
+                        continue;
+                    }
+                    Poll::Pending => {}
                 }
             }
-            _ = sleep_until(deadline) => {
-                refresh(&mut session, &mut statuses);
-                session.handle_timeout(now());
+            if let Poll::Ready(Some(msg)) = self.cache_rx.poll_recv(cx) {
+                refresh(&mut self.session, &mut self.statuses);
+                self.session.handle_cache(now(), msg);
+                // Everything already queued goes together (one batch per wake-up).
+                for _ in 0..64 {
+                    match self.cache_rx.try_recv() {
+                        Ok(msg) => self.session.handle_cache(now(), msg),
+                        Err(_) => break,
+                    }
+                }
+                continue;
+            }
+            // Relayed responses wait while the client is not reading (the relays then stop
+            // reading etcd); cache messages are bounded by credit and always taken.
+            if self.d.pending.has_room() {
+                if let Some(Poll::Ready(Some((relay, ev)))) =
+                    self.relay_rx.as_mut().map(|rx| rx.poll_recv(cx))
+                {
+                    refresh(&mut self.session, &mut self.statuses);
+                    self.session.handle_relay(now(), relay, ev);
+                    continue;
+                }
+            }
+            if let Some(Poll::Ready(Some((token, decision)))) =
+                self.perm_rx.as_mut().map(|rx| rx.poll_recv(cx))
+            {
+                refresh(&mut self.session, &mut self.statuses);
+                self.session.handle_permission(now(), token, decision);
+                continue;
+            }
+            if self.poll_deadline(cx).is_ready() {
+                refresh(&mut self.session, &mut self.statuses);
+                self.session.handle_timeout(now());
+                continue;
+            }
+            return;
+        }
+        // More input than one call takes: come back after the others had their turn.
+        self.carry_out();
+        cx.waker().wake_by_ref();
+    }
+
+    /// Waits for the session's next deadline (the timer is kept, and moved only when the
+    /// deadline does).
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some((t, _)) = self.session.poll_timeout() else {
+            self.timer = None;
+            return Poll::Pending;
+        };
+        let at = self.env.clock.instant_of(t);
+        match &mut self.timer {
+            Some((deadline, sleep)) => {
+                if *deadline != at {
+                    *deadline = at;
+                    sleep.as_mut().reset(at);
+                }
+                sleep.as_mut().poll(cx)
+            }
+            None => {
+                let mut sleep = Box::pin(tokio::time::sleep_until(at));
+                let p = sleep.as_mut().poll(cx);
+                self.timer = Some((at, sleep));
+                p
             }
         }
     }
-    session.close();
-    d.carry_out(&mut session);
-    env.metrics.grpc_watcher(-d.watch_gauge);
-    env.metrics.grpc_stream(-1);
+
+    /// The stream ends with `status` once what is pending has gone.
+    fn finish(&mut self, status: Status) {
+        self.ended = true;
+        self.end = Some(status);
+    }
+
+    /// Carries out the session's outputs and adopts the channels made meanwhile.
+    fn carry_out(&mut self) {
+        self.d.carry_out(&mut self.session);
+        if let Some(rx) = self.d.new_relay_rx.take() {
+            self.relay_rx = Some(rx);
+        }
+        if let Some(rx) = self.d.new_perm_rx.take() {
+            self.perm_rx = Some(rx);
+        }
+    }
+}
+
+impl<S> Drop for SessionDriver<S> {
+    /// The client went away or the stream ended: its watches end (cache watches cancelled,
+    /// relays closed) and the gauges come down.
+    fn drop(&mut self) {
+        self.session.close();
+        self.d.carry_out(&mut self.session);
+        self.env.metrics.grpc_watcher(-self.d.watch_gauge);
+        self.env.metrics.grpc_stream(-1);
+    }
 }
 
 /// Gives the session the caches' statuses that changed.
@@ -314,37 +378,6 @@ fn refresh(session: &mut WatchSession, statuses: &mut [watch::Receiver<CacheStat
             let status = rx.borrow_and_update().clone();
             session.handle_cache_status(i, status);
         }
-    }
-}
-
-async fn wait_room(out: &Outbox, front: Option<&Response>) {
-    let size = front.map_or(1, budget_size);
-    // Waits until the budget could take it (then gives it back: the loop takes it for good).
-    if let Ok(p) = out.budget.clone().acquire_many_owned(size as u32).await {
-        drop(p);
-    }
-    out.tx.ready().await;
-}
-
-/// The next item of a channel that may not exist yet (then: never).
-async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn recv_unbounded<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -663,19 +696,16 @@ mod tests {
     // read its relays again.
     #[test]
     fn pending_bytes_return_to_zero_after_a_response_larger_than_the_budget() {
-        let (out, _rx) = Outbox::new();
         let mut pending = Pending::default();
-        for r in [relayed(OUT_BYTES + 100_000), relayed(10), relayed(0)] {
+        for r in [relayed(PENDING_BYTES + 100_000), relayed(10), relayed(0)] {
             pending.push_back(r);
         }
         assert!(!pending.has_room());
-        // The big one goes alone (it takes the whole budget), then the rest.
-        let _ = out.push(&mut pending);
+        // The big one goes first, then the rest.
+        assert!(pending.pop_front().is_some());
         assert_eq!(pending.items.len(), 2);
         assert_eq!(pending.bytes, pending.items.iter().map(budget_size).sum::<usize>());
-        let (out, _rx2) = Outbox::new();
-        let _ = out.push(&mut pending);
-        assert!(pending.items.is_empty());
+        while pending.pop_front().is_some() {}
         assert_eq!(pending.bytes, 0, "nothing pending, nothing counted");
         assert!(pending.has_room(), "relayed input is taken again");
     }
