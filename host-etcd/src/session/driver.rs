@@ -142,6 +142,7 @@ pub struct SessionDriver<S> {
     relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>>,
     perm_rx: Option<mpsc::UnboundedReceiver<(u64, Permission)>>,
     statuses: Vec<watch::Receiver<CacheStatus>>,
+    /// The host's shutdown signal, as its changes.
     shutdown: WatchStream<bool>,
     /// The session's next deadline, and its timer.
     timer: Option<(tokio::time::Instant, Pin<Box<tokio::time::Sleep>>)>,
@@ -179,7 +180,7 @@ where
             owed: HashMap::default(),
         };
         env.metrics.grpc_stream(1);
-        let shutdown = WatchStream::new(env.shutdown.clone());
+        let shutdown = WatchStream::from_changes(env.shutdown.clone());
         SessionDriver {
             env,
             session,
@@ -248,9 +249,14 @@ where
             if self.ended || self.d.pending.bytes >= max_bytes {
                 return;
             }
-            if let Poll::Ready(Some(true)) = Pin::new(&mut self.shutdown).poll_next(cx) {
-                self.finish(Status::unavailable("watchcache is shutting down"));
-                continue;
+            match Pin::new(&mut self.shutdown).poll_next(cx) {
+                // Shutting down, or the host is gone.
+                Poll::Ready(Some(true) | None) => {
+                    self.finish(Status::unavailable("watchcache is shutting down"));
+                    continue;
+                }
+                Poll::Ready(Some(false)) => continue,
+                Poll::Pending => {}
             }
             if self.inbound_open {
                 match Pin::new(&mut self.inbound).poll_next(cx) {
