@@ -31,7 +31,13 @@ pub(crate) async fn route(
     let (parts, body) = req.into_parts();
     let md = forwardable(&tonic::metadata::MetadataMap::from_headers(parts.headers));
     let inbound = Streaming::new_request(WatchDecoder, body, None, Some(ctx.max_request_bytes));
-    let body = WatchBody { driver: SessionDriver::new(ctx.env.clone(), md, inbound), done: false };
+    let mut driver = SessionDriver::new(ctx.env.clone(), md, inbound);
+    std::future::poll_fn(|cx| {
+        driver.poll_start(cx);
+        Poll::Ready(())
+    })
+    .await;
+    let body = WatchBody { driver, done: false };
     let mut resp = http::Response::new(tonic::body::Body::new(body));
     resp.headers_mut()
         .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));

@@ -198,6 +198,15 @@ where
         }
     }
 
+    /// Runs the session as far as it can without waiting, and no more: for a stream's start,
+    /// so that the first requests (sent with the call's headers) are under way before HTTP/2
+    /// gives the response body its first send capacity, which takes a turn of the connection.
+    pub fn poll_start(&mut self, cx: &mut Context<'_>) {
+        if !self.ended {
+            self.take_inputs(cx, PENDING_BYTES);
+        }
+    }
+
     /// Runs the session as far as it can without waiting, then hands what it answered to
     /// `emit`, in order, up to about `max_bytes` (at least one response), each with the bytes
     /// still waiting before it was taken (its own included: for sizing a buffer); the credit of
