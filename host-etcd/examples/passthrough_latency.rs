@@ -48,7 +48,9 @@ async fn main() {
                 let (n, addr) = v.split_once('=').unwrap_or_else(|| usage());
                 targets.push((n.to_owned(), addr.to_owned()));
             }
-            "--calls" => calls = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| usage()),
+            "--calls" => {
+                calls = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| usage())
+            }
             "--key-prefix" => prefix = args.next().unwrap_or_else(|| usage()),
             _ => usage(),
         }
