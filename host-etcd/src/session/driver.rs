@@ -178,6 +178,7 @@ where
             pending: Pending::default(),
             watch_gauge: 0,
             owed: HashMap::default(),
+            delivered: 0,
         };
         env.metrics.grpc_stream(1);
         let shutdown = WatchStream::from_changes(env.shutdown.clone());
@@ -417,6 +418,8 @@ struct Driver {
     watch_gauge: i64,
     /// Credit not yet given back, per cache watch.
     owed: HashMap<(usize, cacher_core::RequestId), u64>,
+    /// Events handed to the transport since the shared counter was last added to.
+    delivered: u64,
 }
 
 impl Driver {
@@ -473,9 +476,16 @@ impl Driver {
                 }
             }
         }
+        // The shared counters are written once per carry-out, and only on a change (an atomic
+        // add, even of zero, takes the counter's cache line from the other worker thread).
+        if self.delivered > 0 {
+            self.env.metrics.add_delivered(std::mem::take(&mut self.delivered));
+        }
         let n = session.watch_count() as i64;
-        self.env.metrics.grpc_watcher(n - self.watch_gauge);
-        self.watch_gauge = n;
+        if n != self.watch_gauge {
+            self.env.metrics.grpc_watcher(n - self.watch_gauge);
+            self.watch_gauge = n;
+        }
     }
 
     fn one(&mut self, o: SessionOutput, feedback: &mut Vec<Feedback>) {
@@ -503,7 +513,7 @@ impl Driver {
                     Response::Message(m) => fill_header(&env.upstream, m),
                     Response::Events(e) => {
                         e.header = env.upstream.header(e.header.revision);
-                        env.metrics.add_delivered(e.picks.len() as u64);
+                        self.delivered += e.picks.len() as u64;
                     }
                 }
                 self.pending.push_back(r);
