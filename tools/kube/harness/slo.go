@@ -788,12 +788,12 @@ func mainSLO(args []string) int {
 	simDir := mustMkdirTemp("kube-slo-sim-")
 	defer os.RemoveAll(simDir)
 	type result struct {
-		W        *workload `json:"-"`
-		Name     string
-		Sim      []*simSummary // seeds 1..runs (the real runs' seeds)
-		SimMore  []*simSummary // seeds 101..
-		SimOld   []*simSummary // the real runs' seeds, the model before issue 15 (no backoff, relists from etcd)
-		Real     []*realRun
+		W       *workload `json:"-"`
+		Name    string
+		Sim     []*simSummary // seeds 1..runs (the real runs' seeds)
+		SimMore []*simSummary // seeds 101..
+		SimOld  []*simSummary // the real runs' seeds, the model before issue 15 (no backoff, relists from etcd)
+		Real    []*realRun
 		// mean seconds from the proxy listening again to the reconnect
 		ExtraDelay float64
 	}
