@@ -484,13 +484,7 @@ impl Cache {
             tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx),
         );
         req_tx.send(Ok(create)).map_err(|_| Error::Unavailable("the cache is closed".into()))?;
-        let mut stream = WatchStream {
-            req_tx,
-            driver: Box::new(driver),
-            ready: std::collections::VecDeque::new(),
-            watch_id: 0,
-            done: false,
-        };
+        let mut stream = WatchStream { req_tx, driver: Box::new(driver), watch_id: 0, done: false };
         let created = match futures::StreamExt::next(&mut stream).await {
             Some(Ok(r)) => r,
             Some(Err(e)) => return Err(e),
@@ -607,8 +601,6 @@ type WatchDriver =
 pub struct WatchStream {
     req_tx: mpsc::UnboundedSender<Result<PbWatchRequest, Status>>,
     driver: Box<WatchDriver>,
-    /// The rest of the last batch.
-    ready: std::collections::VecDeque<Response>,
     watch_id: i64,
     done: bool,
 }
@@ -670,20 +662,13 @@ impl futures::Stream for WatchStream {
         if self.done {
             return Poll::Ready(None);
         }
-        let next = match self.ready.pop_front() {
-            Some(r) => Poll::Ready(Some(Ok(r))),
-            None => {
-                let this = &mut *self;
-                let ready = &mut this.ready;
-                match this.driver.poll_responses(cx, usize::MAX, |r, _| ready.push_back(r)) {
-                    Poll::Ready(Ok(())) => ready
-                        .pop_front()
-                        .map(|r| Poll::Ready(Some(Ok(r))))
-                        .unwrap_or(Poll::Ready(None)),
-                    Poll::Ready(Err(s)) => Poll::Ready(Some(Err(s))),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
+        // One response per poll: the rest wait in the session's driver (their credit goes back
+        // to the caches as each is taken).
+        let mut one = None;
+        let next = match self.driver.poll_responses(cx, 1, |r, _| one = Some(r)) {
+            Poll::Ready(Ok(())) => Poll::Ready(one.map(Ok)),
+            Poll::Ready(Err(s)) => Poll::Ready(Some(Err(s))),
+            Poll::Pending => Poll::Pending,
         };
         match next {
             Poll::Pending => Poll::Pending,

@@ -1203,14 +1203,13 @@ impl CacheTask {
 
     /// Sends what was gathered now, or holds it for a while ([`SendPacer`]).
     fn flush_or_hold(&mut self) {
-        if self.pending.is_empty() {
-            self.pending.events.clear();
-            return;
+        if !self.pending.is_empty() {
+            if let Some(at) = self.pacer.due(Instant::now()) {
+                self.flush_at = Some(at);
+                return;
+            }
         }
-        match self.pacer.due(Instant::now()) {
-            Some(at) => self.flush_at = Some(at),
-            None => self.flush(),
-        }
+        self.flush();
     }
 
     /// Sends what was gathered: one message per session (etcd-style watches), one item per
