@@ -13,6 +13,7 @@ mod kube_http;
 mod latency;
 mod layers;
 mod library;
+mod random_requests;
 mod restart;
 mod security;
 mod slo_validation;

@@ -149,12 +149,17 @@ pub async fn collect(stream: &mut WatchStream, rec: &mut Recorded, until: i64, l
 
 /// A watch of every key from revision 1, with previous values, straight from etcd.
 pub async fn history_stream(client: &etcd_client::Client) -> WatchStream {
+    history_stream_from(client, 1).await
+}
+
+/// A watch of every key from revision `from`, with previous values, straight from etcd.
+pub async fn history_stream_from(client: &etcd_client::Client, from: i64) -> WatchStream {
     client
         .watch_client()
         .max_decoding_message_size(1 << 30)
         .watch(
             "\0",
-            Some(WatchOptions::new().with_range("\0").with_start_revision(1).with_prev_key()),
+            Some(WatchOptions::new().with_range("\0").with_start_revision(from).with_prev_key()),
         )
         .await
         .expect("history watch")
@@ -163,8 +168,14 @@ pub async fn history_stream(client: &etcd_client::Client) -> WatchStream {
 /// etcd's whole history from revision 1 (every key, with previous values), as etcd itself
 /// reports it.
 pub async fn history(client: &mut etcd_client::Client, until: i64) -> Vec<Ev> {
-    let mut s = history_stream(client).await;
-    let mut rec = Recorded { key: vec![0], range_end: vec![0], start_rev: 1, ..Default::default() };
+    history_from(client, 1, until).await
+}
+
+/// etcd's history from revision `from` (at or above its compaction) to `until`.
+pub async fn history_from(client: &mut etcd_client::Client, from: i64, until: i64) -> Vec<Ev> {
+    let mut s = history_stream_from(client, from).await;
+    let mut rec =
+        Recorded { key: vec![0], range_end: vec![0], start_rev: from, ..Default::default() };
     collect(&mut s, &mut rec, until, Duration::from_secs(20)).await;
     assert!(rec.canceled().is_none(), "history compacted: {:?}", rec.canceled());
     assert!(
