@@ -647,8 +647,7 @@ fn watch_response(r: Response) -> PbWatchResponse {
             events: e
                 .picks
                 .iter()
-                .filter_map(|i| e.run.event(i))
-                .map(|ev| pb_event(ev, e.prev_kv))
+                .filter_map(|i| e.run.event(i).map(|ev| pb_event(ev, e.run.prev_kv(i, e.prev_kv))))
                 .collect(),
             ..Default::default()
         },

@@ -310,6 +310,37 @@ async fn compacted_revisions_are_refused_as_etcd_refuses_them() {
     assert_eq!(ok.kvs().len(), want.kvs().len());
 }
 
+/// etcd reads an event's previous value at the revision before it when it sends the event,
+/// and sends none when that revision is compacted: a watch from the compaction revision gets
+/// its first event there without `prev_kv`, the next ones with it. Found by
+/// `random_requests` (seed 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prev_kv_at_the_compaction_revision_is_etcds() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    direct.put("/p/k", "v1", None).await.expect("put");
+    direct.put("/p/other", "o", None).await.expect("put");
+    let at = direct.put("/p/k", "v2", None).await.expect("put").header().expect("h").revision();
+    direct.put("/p/k", "v3", None).await.expect("put");
+    let last = direct.delete("/p/k", None).await.expect("delete").header().expect("h").revision();
+    env.wait_cache_rev(last).await;
+    cached.compact(at, None).await.expect("compact through the cache");
+    let mut got = Vec::new();
+    for (name, client) in [("etcd", &mut direct), ("watchcache", &mut cached)] {
+        let opts = WatchOptions::new().with_prefix().with_start_revision(at).with_prev_key();
+        let mut s = client.watch("/p/", Some(opts)).await.expect("watch");
+        let mut rec = Recorded { name: name.into(), ..Default::default() };
+        collect(&mut s, &mut rec, last, T).await;
+        let prevs: Vec<_> = rec.events().map(|e| (e.rev, e.prev.clone())).collect();
+        got.push(prevs);
+    }
+    assert_eq!(got[0].len(), 3, "etcd: {:?}", got[0]);
+    assert_eq!(got[0][0].1, None, "etcd: no prev_kv at the compaction revision");
+    assert!(got[0][1].1.is_some(), "etcd: prev_kv after it");
+    assert_eq!(got[1], got[0], "watchcache against etcd");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_are_answered_locally() {
     let env = Env::start().await;

@@ -10,7 +10,8 @@
 //! the history, with prev_kv and filters, while more writes come; the same events, the same
 //! cancellations (with the compaction revision), no revision split across responses.
 //!
-//! `WATCHCACHE_TEST_SEED=<n>` replays one seed; a failure prints the seed and the request.
+//! `WATCHCACHE_TEST_SEED=<n>` replays one seed (`<a>-<b>`: a sweep); a failure prints the seed
+//! and the request.
 
 use crate::support;
 
@@ -23,6 +24,16 @@ use etcd_client::{
 use host_etcd::EtcdOptions;
 use support::conformance::{check, collect, history_from, resp_of, Recorded};
 use support::Env;
+
+/// The seeds: `WATCHCACHE_TEST_SEED` (`7`, or `3-40` for a sweep), else 1 and 2.
+fn seeds() -> Vec<u64> {
+    let Ok(v) = std::env::var("WATCHCACHE_TEST_SEED") else { return vec![1, 2] };
+    let n = |x: &str| -> u64 { x.trim().parse().expect("WATCHCACHE_TEST_SEED: N or A-B") };
+    match v.split_once('-') {
+        Some((a, b)) => (n(a)..=n(b)).collect(),
+        None => vec![n(&v)],
+    }
+}
 
 /// splitmix64: a seeded generator, so that a failure can be replayed.
 struct Rng(u64);
@@ -269,10 +280,8 @@ impl Coverage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_ranges_match_etcd() {
     support::init_tracing();
-    let seeds: Vec<u64> = match std::env::var("WATCHCACHE_TEST_SEED") {
-        Ok(s) => vec![s.parse().expect("WATCHCACHE_TEST_SEED: a number")],
-        Err(_) => vec![1, 2],
-    };
+    let seeds = seeds();
+    let replay = seeds.len() == 1;
     let env = Env::start().await;
     let (etcd_ch, cache_ch) = (channel(&env.etcd.endpoint()).await, channel(&env.grpc()).await);
     let mut direct = env.direct().await;
@@ -345,7 +354,8 @@ async fn random_ranges_match_etcd() {
     eprintln!("{cover:?}");
     // The requests reached each kind of answer (a change to the generator cannot quietly lose
     // one): more pages, count-only beyond its limit, keys-only, past, compacted and future
-    // revisions, sorts, filters.
+    // revisions, sorts, filters: asserted for the default seeds (a single seed replayed may
+    // miss one kind).
     let c = &cover;
     for (what, n, least) in [
         ("more", c.more, 15),
@@ -358,7 +368,7 @@ async fn random_ranges_match_etcd() {
         ("filtered", c.filtered, 20),
         ("RangeStream in several chunks", c.streams_of_chunks, 20),
     ] {
-        assert!(n >= least, "only {n} requests of the kind {what:?} (at least {least})");
+        assert!(replay || n >= least, "only {n} requests of the kind {what:?} (at least {least})");
     }
     // Most of them came from the cache (the rest: sorted, filtered, compacted, out of the prefix).
     assert!(served >= compared as f64 / 3.0, "{served} of {compared} served from the cache");
@@ -394,10 +404,8 @@ impl WatchCase {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_watches_match_etcd() {
     support::init_tracing();
-    let seeds: Vec<u64> = match std::env::var("WATCHCACHE_TEST_SEED") {
-        Ok(s) => vec![s.parse().expect("WATCHCACHE_TEST_SEED: a number")],
-        Err(_) => vec![1, 2],
-    };
+    let seeds = seeds();
+    let replay = seeds.len() == 1;
     // A small window, so that its edge is inside the history.
     let env = Env::start_with(EtcdOptions::default(), |cfg| {
         cfg.cache.core.capacity = 40;
@@ -521,11 +529,14 @@ async fn random_watches_match_etcd() {
                 (d.events().cloned().collect(), w.events().cloned().collect());
             if de != we {
                 let first = de.iter().zip(&we).position(|(a, b)| a != b);
+                let at = first.unwrap_or(de.len().min(we.len()));
                 violations.push(format!(
-                    "{}: {} events, etcd {}; first difference at {first:?}",
+                    "{}: {} events, etcd {}; first difference at {at}: {:?}, etcd {:?}",
                     w.name,
                     we.len(),
-                    de.len()
+                    de.len(),
+                    we.get(at),
+                    de.get(at)
                 ));
             }
             if c.start == 0 && d.created_rev != w.created_rev {
@@ -543,6 +554,6 @@ async fn random_watches_match_etcd() {
     }
     assert!(violations.is_empty(), "{} violations:\n{}", violations.len(), violations.join("\n"));
     eprintln!("{watched} watches, {canceled} canceled as compacted, {events} events");
-    assert!(canceled >= 3, "only {canceled} watches started below the compaction");
-    assert!(events >= 500, "only {events} events");
+    assert!(replay || canceled >= 3, "only {canceled} watches started below the compaction");
+    assert!(replay || events >= 500, "only {events} events");
 }

@@ -35,6 +35,9 @@ pub struct WatchTag(pub u64);
 /// revision then.
 pub struct EventRun {
     header_rev: u64,
+    /// etcd's compaction revision as the cache knew it when the run was given out: an event at
+    /// or below it is sent without `prev_kv` (see [`EventRun::prev_kv`]).
+    compacted: u64,
     events: Vec<Arc<Event>>,
     /// Wire encodings, filled on first use: `[without prev_kv, with prev_kv]` per event.
     encodings: Box<[[OnceLock<Bytes>; 2]]>,
@@ -55,7 +58,22 @@ impl EventRun {
     /// A run of `events` given out when the cache was at `header_rev`.
     pub fn new(header_rev: u64, events: Vec<Arc<Event>>) -> EventRun {
         let encodings = events.iter().map(|_| [OnceLock::new(), OnceLock::new()]).collect();
-        EventRun { header_rev, events, encodings, header: OnceLock::new() }
+        EventRun { header_rev, events, encodings, header: OnceLock::new(), compacted: 0 }
+    }
+
+    /// The same run, given out when etcd had been compacted at `rev`.
+    pub fn with_compacted(mut self, rev: u64) -> EventRun {
+        self.compacted = rev;
+        self
+    }
+
+    /// Whether the `i`-th event goes out with its previous value to a watch that asked for
+    /// `prev_kv`. etcd reads the previous value when it sends an event, at the revision just
+    /// before the event's, and sends none when that read fails because the revision is
+    /// compacted (`v3rpc/watch.go`, `sendLoop`): an event at the compaction revision itself
+    /// (a watch that starts exactly there, or catches up to it) has no `prev_kv` from etcd.
+    pub fn prev_kv(&self, i: u32, asked: bool) -> bool {
+        asked && self.events.get(i as usize).is_some_and(|ev| ev.rv() > self.compacted)
     }
 
     /// The cache's revision when the run was given out (etcd's `header.revision`: at least
@@ -85,14 +103,16 @@ impl EventRun {
         self.events.get(i as usize)
     }
 
-    /// The `i`-th event's encoding for `prev_kv`, computed by `encode` the first time
-    /// (borrowed, as the header).
+    /// The `i`-th event's encoding for a watch that asked for `prev_kv` or not (with the
+    /// previous value only where [`EventRun::prev_kv`] says), computed by `encode` the first
+    /// time (borrowed, as the header).
     pub fn encoding(
         &self,
         i: u32,
         prev_kv: bool,
         encode: impl FnOnce(&Event, bool) -> Bytes,
     ) -> &[u8] {
+        let prev_kv = self.prev_kv(i, prev_kv);
         let i = i as usize;
         match (self.encodings.get(i), self.events.get(i)) {
             (Some(slots), Some(ev)) => {
@@ -221,6 +241,24 @@ pub type SessionSink = crate::queue::Sender<CacheMsg>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_prev_kv_at_or_below_the_compaction() {
+        let t = cacher_core::Timestamp::ZERO;
+        let o = |rv: u64| Arc::new(cacher_core::Object::new(b"/k", Some(b"v"), rv));
+        let ev = |rv: u64| Arc::new(Event::put(o(rv), Some(o(rv - 1)), t));
+        let run = EventRun::new(12, vec![ev(10), ev(11), ev(12)]).with_compacted(11);
+        assert_eq!(
+            [0, 1, 2].map(|i| run.prev_kv(i, true)),
+            [false, false, true],
+            "etcd reads the previous value at rv - 1, refused at or below the compaction"
+        );
+        assert!(!run.prev_kv(2, false));
+        assert!(!run.prev_kv(7, true));
+        let encode = |_: &Event, prev: bool| Bytes::from(if prev { "with" } else { "without" });
+        assert_eq!(run.encoding(1, true, encode), b"without");
+        assert_eq!(run.encoding(2, true, encode), b"with");
+    }
 
     #[test]
     fn picks_stay_a_range_while_contiguous() {

@@ -1224,10 +1224,10 @@ impl CacheTask {
         self.pacer.sent(Instant::now());
         let p = &mut self.pending;
         if !p.etcd_order.is_empty() {
-            let run = Arc::new(EventRun::new(
-                self.cacher.resource_version(),
-                std::mem::take(&mut p.events),
-            ));
+            let run = Arc::new(
+                EventRun::new(self.cacher.resource_version(), std::mem::take(&mut p.events))
+                    .with_compacted(self.cacher.compacted_rv()),
+            );
             for id in p.etcd_order.drain(..) {
                 let Some(Route::Etcd { session, tag, sink, picks, .. }) = self.routes.get_mut(&id)
                 else {
