@@ -644,6 +644,7 @@ fn watch_response(r: Response) -> PbWatchResponse {
         Response::Events(e) => PbWatchResponse {
             header: Some(e.header),
             watch_id: e.watch_id,
+            fragment: e.fragment,
             events: e
                 .picks
                 .iter()

@@ -7,6 +7,7 @@ use crate::support;
 
 use std::time::Duration;
 
+use etcd_client::proto::PbWatchResponse;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions,
@@ -338,6 +339,83 @@ async fn prev_kv_at_the_compaction_revision_is_etcds() {
     assert_eq!(got[0].len(), 3, "etcd: {:?}", got[0]);
     assert_eq!(got[0][0].1, None, "etcd: no prev_kv at the compaction revision");
     assert!(got[0][1].1.is_some(), "etcd: prev_kv after it");
+    assert_eq!(got[1], got[0], "watchcache against etcd");
+}
+
+/// A watch created with `fragment` gets a response of etcd's request limit with its gRPC
+/// overhead (1.5 MiB + 512 KiB) or more as fragments, as etcd sends them: one revision's two
+/// events of 1.4 MiB each (values with their previous values) arrive as two responses, the
+/// first marked as a fragment; at 1 MiB each (2 000 000 bytes) they stay one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragmented_watch_responses_are_etcds() {
+    use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion};
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let big = |c: char| c.to_string().repeat(700 << 10);
+    direct.put("/f/a", big('a'), None).await.expect("put");
+    direct.put("/f/b", big('b'), None).await.expect("put");
+    let txn = Txn::new()
+        .and_then(vec![TxnOp::put("/f/a", big('c'), None), TxnOp::put("/f/b", big('d'), None)]);
+    let rev = direct.txn(txn).await.expect("txn").header().expect("h").revision();
+    env.wait_cache_rev(rev).await;
+    let mut got = Vec::new();
+    for ep in [env.etcd.endpoint(), env.grpc()] {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
+        grpc.ready().await.expect("ready");
+        let mut create = PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+        };
+        if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
+            (c.key, c.range_end) = (b"/f/".to_vec(), b"/f0".to_vec());
+            (c.start_revision, c.prev_kv, c.fragment) = (rev, true, true);
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(create).await.expect("send");
+        let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
+        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+        let resp = grpc
+            .streaming(
+                tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+                path,
+                codec,
+            )
+            .await
+            .expect("watch");
+        let mut s = resp.into_inner();
+        let mut shapes = Vec::new();
+        let mut events = 0;
+        while events < 2 {
+            let m = tokio::time::timeout(T, s.message()).await.expect("in time").expect("ok");
+            let m = m.expect("a response");
+            if m.created {
+                continue;
+            }
+            events += m.events.len();
+            let keys: Vec<_> = m
+                .events
+                .iter()
+                .map(|e| {
+                    let kv = e.kv.clone().unwrap_or_default();
+                    let prev = e.prev_kv.clone().unwrap_or_default();
+                    (
+                        String::from_utf8_lossy(&kv.key).into_owned(),
+                        kv.mod_revision,
+                        prev.value.len(),
+                    )
+                })
+                .collect();
+            shapes.push((m.fragment, keys));
+        }
+        drop(tx);
+        got.push(shapes);
+    }
+    assert_eq!(got[0].len(), 2, "etcd fragments it: {:?}", got[0]);
+    assert!(got[0][0].0 && !got[0][1].0, "etcd marks the first: {:?}", got[0]);
     assert_eq!(got[1], got[0], "watchcache against etcd");
 }
 

@@ -39,6 +39,9 @@ pub fn encode_events(e: &EventsResponse, dst: &mut impl BufMut) {
     if e.watch_id != 0 {
         prost::encoding::int64::encode(2, &e.watch_id, dst);
     }
+    if e.fragment {
+        prost::encoding::bool::encode(7, &true, dst);
+    }
     for i in e.picks.iter() {
         dst.put_slice(e.run.encoding(i, e.prev_kv, encode_event_field));
     }
@@ -96,13 +99,14 @@ mod tests {
         let del = Arc::new(CoreEvent::delete(8, prev, t));
         let run = Arc::new(EventRun::new(9, vec![put, del]));
         let header = PbResponseHeader { cluster_id: 1, member_id: 2, revision: 9, raft_term: 3 };
-        for prev_kv in [false, true] {
+        for (prev_kv, fragment) in [(false, false), (true, false), (true, true)] {
             let e = EventsResponse {
                 watch_id: 5,
                 header,
                 run: run.clone(),
                 picks: Picks::Range(0, 2),
                 prev_kv,
+                fragment,
                 credit: None,
                 size: 0,
             };
@@ -113,6 +117,7 @@ mod tests {
             let typed = PbWatchResponse {
                 header: Some(header),
                 watch_id: 5,
+                fragment,
                 events: e
                     .picks
                     .iter()

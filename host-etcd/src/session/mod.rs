@@ -65,6 +65,11 @@ pub struct SessionConfig {
     /// Largest response built from cached events (whole revisions are never split; a single
     /// revision larger than this goes whole).
     pub max_response_bytes: usize,
+    /// A watch created with `fragment` gets a response of this many bytes or more (with two
+    /// events or more) as fragments, each below it: what etcd fragments at (`v3rpc/watch.go`,
+    /// `sendFragments`), its `--max-request-bytes` with the 512 KiB it allows for gRPC's
+    /// overhead (`MaxRequestBytesWithOverhead`), 2 MiB by default.
+    pub fragment_bytes: usize,
     /// Ask before serving a cached watch whether the client may read its range (etcd auth).
     pub check_permissions: bool,
     /// Retry delay of an unanswered progress request.
@@ -84,6 +89,7 @@ impl Default for SessionConfig {
             upstream_create_wait_ms: 1_000,
             credit_batch: 256,
             max_response_bytes: 1 << 20,
+            fragment_bytes: (1536 << 10) + (512 << 10),
             check_permissions: false,
             progress_retry_ms: 100,
             backoff_min_ms: 100,
@@ -136,6 +142,8 @@ pub struct EventsResponse {
     pub picks: Picks,
     /// With previous values.
     pub prev_kv: bool,
+    /// A fragment of a larger response, more to come (a watch created with `fragment`).
+    pub fragment: bool,
     /// Roughly its size on the wire (for the byte budgets).
     pub size: usize,
     /// Credit to give back to the cache once the transport has taken this response (so a
@@ -1083,7 +1091,10 @@ impl WatchSession {
         // back, when the transport takes it.
         let mut last: Option<Response> = None;
         let mut sent_rev = 0;
-        frames(events().filter(|(_, ev)| sent(ev)), w.spec.prev_kv, max_bytes, |picks, size| {
+        let prev_kv = w.spec.prev_kv;
+        let fragment_bytes = w.spec.fragment.then_some(self.cfg.fragment_bytes);
+        let outputs = &mut self.outputs;
+        let mut push = |picks: Picks, size: usize, fragment: bool| {
             sent_rev = picks.iter().last().and_then(|i| run.event(i)).map_or(0, |e| e.rv());
             let r = Response::Events(EventsResponse {
                 size,
@@ -1094,11 +1105,22 @@ impl WatchSession {
                 },
                 run: run.clone(),
                 picks,
-                prev_kv: w.spec.prev_kv,
+                prev_kv,
+                fragment,
                 credit: None,
             });
             if let Some(prev) = last.replace(r) {
-                deliver(&mut self.outputs, w, prev);
+                deliver(outputs, w, prev);
+            }
+        };
+        frames(events().filter(|(_, ev)| sent(ev)), prev_kv, max_bytes, |picks, size| {
+            match fragment_bytes {
+                Some(limit) if size >= limit / 2 => {
+                    for (p, size, more) in fragments(run, picks, prev_kv, limit) {
+                        push(p, size, more);
+                    }
+                }
+                _ => push(picks, size, false),
             }
         });
         match last {
@@ -1600,6 +1622,50 @@ fn frames<'a>(
     if let Some(p) = current {
         emit(p, size + 40);
     }
+}
+
+/// Bytes of a watch response besides its events (header and watch id), for [`fragments`].
+const RESPONSE_OVERHEAD: usize = 32;
+
+/// etcd's `sendFragments` (`v3rpc/watch.go`) for a watch created with `fragment`: a response
+/// of `limit` bytes or more with two events or more goes as several, each taking events while
+/// it stays below `limit` (the first event always), all but the last marked as a fragment.
+/// Each with its size and whether more follow. (A fragment may cut a revision: the client
+/// joins them, as etcd's clients do.)
+fn fragments(
+    run: &EventRun,
+    picks: Picks,
+    prev_kv: bool,
+    limit: usize,
+) -> Vec<(Picks, usize, bool)> {
+    let size = |i: u32| {
+        run.event(i).map_or(0, |ev| {
+            let pb = crate::convert::pb_event(ev, run.prev_kv(i, prev_kv));
+            prost::encoding::message::encoded_len(11, &pb)
+        })
+    };
+    let sizes: Vec<(u32, usize)> = picks.iter().map(|i| (i, size(i))).collect();
+    let total = RESPONSE_OVERHEAD + sizes.iter().map(|(_, s)| s).sum::<usize>();
+    if total < limit || sizes.len() < 2 {
+        return vec![(picks, total, false)];
+    }
+    let mut out = Vec::new();
+    let mut rest = sizes.iter().peekable();
+    while let Some(&(first, s)) = rest.next() {
+        // The `fragment` flag counts: two bytes.
+        let mut cur = Picks::one(first);
+        let mut bytes = RESPONSE_OVERHEAD + 2 + s;
+        while let Some(&&(i, s)) = rest.peek() {
+            if bytes + s >= limit {
+                break;
+            }
+            cur.push(i);
+            bytes += s;
+            rest.next();
+        }
+        out.push((cur, bytes, rest.peek().is_some()));
+    }
+    out
 }
 
 /// A watch's response: to the client, or held until its `created` has gone out.

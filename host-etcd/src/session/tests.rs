@@ -941,3 +941,32 @@ fn cached_events_are_filtered_and_their_credit_comes_back_whole() {
         vec![(Seen::Events { id: 0, revs: vec![14, 15] }, Picks::Range(0, 2), Some(2))]
     );
 }
+
+/// etcd's `sendFragments`: below the limit or with one event, one response; otherwise pieces
+/// that each stay below it (a first event alone may not), all but the last marked.
+#[test]
+fn fragments_cut_as_etcd_cuts_them() {
+    let t = Timestamp::ZERO;
+    let put = |rv: u64, len: usize| {
+        let v = vec![b'x'; len];
+        Arc::new(Event::put(Arc::new(Object::new(b"/k", Some(&v), rv)), None, t))
+    };
+    let run = EventRun::new(9, vec![put(5, 600), put(6, 600), put(7, 2000), put(8, 600)]);
+    let shape = |limit: usize| {
+        fragments(&run, Picks::Range(0, 4), false, limit)
+            .into_iter()
+            .map(|(p, size, more)| (p.iter().collect::<Vec<_>>(), size < limit, more))
+            .collect::<Vec<_>>()
+    };
+    // Everything fits: one response, not a fragment.
+    assert_eq!(shape(1 << 20), vec![(vec![0, 1, 2, 3], true, false)]);
+    // 1 500 bytes: two small events, then the big one alone (over the limit), then the last.
+    assert_eq!(
+        shape(1500),
+        vec![(vec![0, 1], true, true), (vec![2], false, true), (vec![3], true, false)]
+    );
+    // One event is never cut.
+    let one = fragments(&run, Picks::one(2), false, 100);
+    assert_eq!(one.len(), 1);
+    assert!(!one[0].2);
+}
