@@ -942,6 +942,10 @@ impl WatchSession {
             Source::RelayOpening { relay, .. } | Source::Relay { relay } => {
                 self.by_relay.remove(&relay);
                 self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Close { relay }));
+                // A query waiting on this relay's answer would wait for ever: it is closed.
+                if let Some(q) = self.query.as_mut() {
+                    q.relays.remove(&relay);
+                }
             }
             Source::Authorizing { token } => {
                 self.by_permission.remove(&token);
@@ -949,6 +953,8 @@ impl WatchSession {
             Source::Waiting { .. } | Source::Idle => {}
         }
         self.invalidate_query(id);
+        // The query may have nothing left to wait for: it is asked again shortly.
+        self.try_finish_query();
     }
 
     // ----- sources ----------------------------------------------------------------------------

@@ -970,3 +970,31 @@ fn fragments_cut_as_etcd_cuts_them() {
     assert_eq!(one.len(), 1);
     assert!(!one[0].2);
 }
+
+/// A progress request that waits on a relay's answer, when the relay's watch moves back onto
+/// the cache meanwhile (so that answer never comes): the request is still answered. Found by
+/// `random_multiplexed_watches_match_etcd` (seed 2): the stream's progress answers stopped
+/// for good.
+#[test]
+fn progress_is_answered_when_a_relay_it_waits_for_rejoins_the_cache() {
+    let mut w = World::new(SessionConfig { rejoin_interval_ms: 100, ..World::cfg() });
+    w.cache.oldest = 8;
+    w.watch_prefix(3);
+    w.pump();
+    let seen = w.take();
+    assert_eq!(World::revs_of(&seen, 0), (3..=10).collect::<Vec<_>>());
+    // etcd holds the relay's progress answer back; the client asks.
+    w.etcd.answers_progress = false;
+    w.progress();
+    w.pump();
+    assert!(!w.take().iter().any(|s| matches!(s, Seen::Progress { .. })));
+    // The rejoin check moves the watch onto the cache and closes the relay.
+    w.advance(150);
+    assert!(w.notes.contains(&Note::Rejoined), "{:?}", w.notes);
+    w.advance(1_000);
+    let seen = w.take();
+    assert!(
+        seen.iter().any(|s| matches!(s, Seen::Progress { id: -1, rev: 10 })),
+        "the progress request is answered: {seen:?}"
+    );
+}
