@@ -82,13 +82,7 @@ fn options(c: &WatchCase) -> WatchOptions {
 async fn watches_match_etcd_and_keep_its_guarantees() {
     support::init_tracing();
     // A small fixed window so that old start revisions fall outside it.
-    let env = Env::start_with(EtcdOptions::default(), |cfg| {
-        cfg.cache.core.capacity = 40;
-        cfg.cache.core.lower_bound_capacity = 40;
-        cfg.cache.core.upper_bound_capacity = 40;
-        cfg.cache.core.dynamic_capacity = false;
-    })
-    .await;
+    let env = Env::start_with_window(40).await;
     let mut direct = env.direct().await;
     let mut cached = env.cached().await;
     let r0 = write_history(&mut direct, "h", 60).await;

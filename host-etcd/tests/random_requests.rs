@@ -23,7 +23,6 @@ use std::time::Duration;
 use etcd_client::{
     Client, Compare, CompareOp, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
-use host_etcd::EtcdOptions;
 use support::conformance::{check, collect, history_from, in_range, resp_of, Ev, Recorded};
 use support::Env;
 
@@ -409,13 +408,7 @@ async fn random_watches_match_etcd() {
     let seeds = seeds();
     let replay = seeds.len() == 1;
     // A small window, so that its edge is inside the history.
-    let env = Env::start_with(EtcdOptions::default(), |cfg| {
-        cfg.cache.core.capacity = 40;
-        cfg.cache.core.lower_bound_capacity = 40;
-        cfg.cache.core.upper_bound_capacity = 40;
-        cfg.cache.core.dynamic_capacity = false;
-    })
-    .await;
+    let env = Env::start_with_window(40).await;
     let mut direct = env.direct().await;
     let mut cached = env.cached().await;
     let ks = keys();
@@ -570,13 +563,7 @@ async fn random_multiplexed_watches_match_etcd() {
     use std::collections::BTreeMap;
     support::init_tracing();
     let seeds = seeds();
-    let env = Env::start_with(EtcdOptions::default(), |cfg| {
-        cfg.cache.core.capacity = 40;
-        cfg.cache.core.lower_bound_capacity = 40;
-        cfg.cache.core.upper_bound_capacity = 40;
-        cfg.cache.core.dynamic_capacity = false;
-    })
-    .await;
+    let env = Env::start_with_window(40).await;
     let mut direct = env.direct().await;
     let mut cached = env.cached().await;
     let ks = keys();

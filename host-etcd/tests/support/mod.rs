@@ -43,6 +43,17 @@ impl Env {
         Env { etcd, server: Some(server), cfg }
     }
 
+    /// With a fixed window of `capacity` events, so that old start revisions fall outside it.
+    pub async fn start_with_window(capacity: usize) -> Env {
+        Env::start_with(EtcdOptions::default(), |cfg| {
+            cfg.cache.core.capacity = capacity;
+            cfg.cache.core.lower_bound_capacity = capacity;
+            cfg.cache.core.upper_bound_capacity = capacity;
+            cfg.cache.core.dynamic_capacity = false;
+        })
+        .await
+    }
+
     pub fn server(&self) -> &Server {
         self.server.as_ref().expect("server running")
     }
