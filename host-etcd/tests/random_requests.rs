@@ -376,6 +376,24 @@ async fn random_ranges_match_etcd() {
     drop(cached);
 }
 
+/// Whether watchcache's events (`w`) differ from etcd's (`d`): the counts and the first
+/// difference.
+fn events_differ(d: &Recorded, w: &Recorded) -> Option<String> {
+    let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
+    if de == we {
+        return None;
+    }
+    let at = de.iter().zip(&we).position(|(a, b)| a != b).unwrap_or(de.len().min(we.len()));
+    Some(format!(
+        "{}: {} events, etcd {}; first difference at {at}: {:?}, etcd {:?}",
+        w.name,
+        we.len(),
+        de.len(),
+        we.get(at),
+        de.get(at)
+    ))
+}
+
 /// A random watch: a range as `request` makes them, a start revision next to one of the
 /// history's edges or anywhere in it, prev_kv and a filter sometimes.
 struct WatchCase {
@@ -520,20 +538,7 @@ async fn random_watches_match_etcd() {
                     cancel(d)
                 ));
             }
-            let (de, we): (Vec<_>, Vec<_>) =
-                (d.events().cloned().collect(), w.events().cloned().collect());
-            if de != we {
-                let first = de.iter().zip(&we).position(|(a, b)| a != b);
-                let at = first.unwrap_or(de.len().min(we.len()));
-                violations.push(format!(
-                    "{}: {} events, etcd {}; first difference at {at}: {:?}, etcd {:?}",
-                    w.name,
-                    we.len(),
-                    de.len(),
-                    we.get(at),
-                    de.get(at)
-                ));
-            }
+            violations.extend(events_differ(d, w));
             if c.start == 0 && d.created_rev != w.created_rev {
                 violations.push(format!(
                     "{}: created at {}, etcd at {}",
@@ -697,18 +702,7 @@ async fn random_multiplexed_watches_match_etcd() {
                     cancel(d)
                 ));
             }
-            if de != we {
-                let at = de.iter().zip(&we).position(|(a, b)| a != b);
-                let at = at.unwrap_or(de.len().min(we.len()));
-                violations.push(format!(
-                    "{}: {} events, etcd {}; first difference at {at}: {:?}, etcd {:?}",
-                    w.name,
-                    we.len(),
-                    de.len(),
-                    we.get(at),
-                    de.get(at)
-                ));
-            }
+            violations.extend(events_differ(d, w));
             if cancel(w).is_none() {
                 if w.last_rev() < until {
                     violations.push(format!("{}: stuck at {} < {until}", w.name, w.last_rev()));
