@@ -61,6 +61,18 @@ pub fn range_response(
     }
 }
 
+/// The field number of `WatchResponse.events`.
+const EVENTS_FIELD: u32 = 11;
+
+/// One event encoded as the `events` field of a `WatchResponse` (tag, length, message): the
+/// bytes every watcher with the same `prev_kv` option receives, appended to its own header.
+pub fn encode_event_field(ev: &Event, prev_kv: bool) -> bytes::Bytes {
+    let pb = pb_event(ev, prev_kv);
+    let mut buf = bytes::BytesMut::with_capacity(prost::Message::encoded_len(&pb) + 8);
+    prost::encoding::message::encode(EVENTS_FIELD, &pb, &mut buf);
+    buf.freeze()
+}
+
 /// A core event as etcd's `Event`: a put carries the new value; a delete carries the key at the
 /// deletion's revision (as etcd sends it); `prev_kv` carries the previous value when asked for.
 pub fn pb_event(ev: &Event, prev_kv: bool) -> PbEvent {

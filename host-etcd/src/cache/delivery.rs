@@ -73,7 +73,12 @@ impl EventRun {
     /// compacted (`v3rpc/watch.go`, `sendLoop`): an event at the compaction revision itself
     /// (a watch that starts exactly there, or catches up to it) has no `prev_kv` from etcd.
     pub fn prev_kv(&self, i: u32, asked: bool) -> bool {
-        asked && self.events.get(i as usize).is_some_and(|ev| ev.rv() > self.compacted)
+        asked && self.events.get(i as usize).is_some_and(|ev| self.has_prev(ev))
+    }
+
+    /// etcd's read at `ev`'s revision − 1 succeeds: it is above the compaction.
+    fn has_prev(&self, ev: &Event) -> bool {
+        ev.rv() > self.compacted
     }
 
     /// The cache's revision when the run was given out (etcd's `header.revision`: at least
@@ -112,10 +117,10 @@ impl EventRun {
         prev_kv: bool,
         encode: impl FnOnce(&Event, bool) -> Bytes,
     ) -> &[u8] {
-        let prev_kv = self.prev_kv(i, prev_kv);
         let i = i as usize;
         match (self.encodings.get(i), self.events.get(i)) {
             (Some(slots), Some(ev)) => {
+                let prev_kv = prev_kv && self.has_prev(ev);
                 slots[usize::from(prev_kv)].get_or_init(|| encode(ev, prev_kv))
             }
             _ => &[],

@@ -1,32 +1,21 @@
 //! etcd's wire format at the server's edge: a cached event is encoded once per option set
-//! (inside its shared run, `cache/delivery.rs`), and each watcher's response is framed from
-//! those bytes: its own header and watch id, then the shared events. The Watch stream's
-//! request decoder.
+//! (`convert::encode_event_field`, inside its shared run, `cache/delivery.rs`), and each
+//! watcher's response is framed from those bytes: its own header and watch id, then the shared
+//! events. The Watch stream's request decoder.
 //!
 //! etcd counterparts: `api/etcdserverpb/rpc.proto` (`WatchResponse`); the framing replaces
 //! what `server/etcdserver/api/v3rpc/watch.go`'s `sendLoop` builds per watcher.
 
-use bytes::{BufMut, Bytes, BytesMut};
-use cacher_core::Event;
+use bytes::{BufMut, BytesMut};
 use etcd_client::proto::PbWatchRequest;
 use prost::Message;
 use tonic::codec::{DecodeBuf, Decoder};
 use tonic::Status;
 
+use crate::convert::encode_event_field;
+#[cfg(test)]
 use crate::convert::pb_event;
 use crate::session::{EventsResponse, Response};
-
-/// The field number of `WatchResponse.events`.
-const EVENTS_FIELD: u32 = 11;
-
-/// One event encoded as the `events` field of a `WatchResponse` (tag, length, message): the
-/// bytes every watcher with the same `prev_kv` option receives, appended to its own header.
-pub fn encode_event_field(ev: &Event, prev_kv: bool) -> Bytes {
-    let pb = pb_event(ev, prev_kv);
-    let mut buf = BytesMut::with_capacity(pb.encoded_len() + 8);
-    prost::encoding::message::encode(EVENTS_FIELD, &pb, &mut buf);
-    buf.freeze()
-}
 
 /// Writes a cached events response: header, watch id, then each event's shared encoding.
 pub fn encode_events(e: &EventsResponse, dst: &mut impl BufMut) {

@@ -1121,6 +1121,7 @@ impl WatchSession {
         };
         frames(events().filter(|(_, ev)| sent(ev)), prev_kv, max_bytes, |picks, size| {
             match fragment_bytes {
+                // `size` is an estimate: the exact sizes are taken once it is near the limit.
                 Some(limit) if size >= limit / 2 => {
                     for (p, size, more) in fragments(run, picks, prev_kv, limit) {
                         push(p, size, more);
@@ -1644,12 +1645,8 @@ fn fragments(
     prev_kv: bool,
     limit: usize,
 ) -> Vec<(Picks, usize, bool)> {
-    let size = |i: u32| {
-        run.event(i).map_or(0, |ev| {
-            let pb = crate::convert::pb_event(ev, run.prev_kv(i, prev_kv));
-            prost::encoding::message::encoded_len(11, &pb)
-        })
-    };
+    // The bytes that will be sent: the run's shared encodings, made here once instead of later.
+    let size = |i: u32| run.encoding(i, prev_kv, crate::convert::encode_event_field).len();
     let sizes: Vec<(u32, usize)> = picks.iter().map(|i| (i, size(i))).collect();
     let total = RESPONSE_OVERHEAD + sizes.iter().map(|(_, s)| s).sum::<usize>();
     if total < limit || sizes.len() < 2 {
