@@ -99,7 +99,7 @@ mod reads;
 mod ready;
 mod request;
 mod ring;
-mod rng;
+pub mod rng;
 mod rv;
 mod selector;
 mod status;

@@ -99,6 +99,7 @@
 //! assert!(!report.series[61].ready && report.series[66].ready);
 //! ```
 
+use crate::rng::Rng;
 use alloc::boxed::Box;
 use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::format;
@@ -1496,34 +1497,6 @@ impl<'w> Sim<'w> {
 /// Seconds to whole milliseconds (inputs are validated finite and bounded).
 fn ms(s: f64) -> u64 {
     libm::round(s * 1000.0) as u64
-}
-
-/// The simulation's randomness (the world's, not the cacher's): SplitMix64 from the workload's
-/// seed, the generator the core uses for its dispatch-tick jitter, kept separate so that the
-/// simulator needs nothing private of the core.
-#[derive(Clone, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform integer in `0..=max`.
-    fn up_to(&mut self, max: u64) -> u64 {
-        if max == u64::MAX {
-            return self.next_u64();
-        }
-        self.next_u64() % (max + 1)
-    }
 }
 
 /// Uniform in [0, 1).

@@ -339,78 +339,85 @@ async fn prev_kv_at_the_compaction_revision_is_etcds() {
 /// A watch created with `fragment` gets a response of etcd's request limit with its gRPC
 /// overhead (1.5 MiB + 512 KiB) or more as fragments, as etcd sends them: one revision's two
 /// events of 1.4 MiB each (values with their previous values) arrive as two responses, the
-/// first marked as a fragment; at 1 MiB each (2 000 000 bytes) they stay one.
+/// first marked as a fragment; at 1 MiB each (2 000 000 bytes) they stay one, from both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fragmented_watch_responses_are_etcds() {
     use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion};
     let env = Env::start().await;
     let mut direct = env.direct().await;
-    let big = |c: char| c.to_string().repeat(700 << 10);
-    direct.put("/f/a", big('a'), None).await.expect("put");
-    direct.put("/f/b", big('b'), None).await.expect("put");
-    let txn = Txn::new()
-        .and_then(vec![TxnOp::put("/f/a", big('c'), None), TxnOp::put("/f/b", big('d'), None)]);
-    let rev = direct.txn(txn).await.expect("txn").header().expect("h").revision();
-    env.wait_cache_rev(rev).await;
-    let mut got = Vec::new();
-    for ep in [env.etcd.endpoint(), env.grpc()] {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect");
-        let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
-        grpc.ready().await.expect("ready");
-        let mut create = PbWatchRequest {
-            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
-        };
-        if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
-            (c.key, c.range_end) = (b"/f/".to_vec(), b"/f0".to_vec());
-            (c.start_revision, c.prev_kv, c.fragment) = (rev, true, true);
-        }
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(create).await.expect("send");
-        let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
-        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
-        let resp = grpc
-            .streaming(
-                tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
-                path,
-                codec,
-            )
-            .await
-            .expect("watch");
-        let mut s = resp.into_inner();
-        let mut shapes = Vec::new();
-        let mut events = 0;
-        while events < 2 {
-            let m = tokio::time::timeout(T, s.message()).await.expect("in time").expect("ok");
-            let m = m.expect("a response");
-            if m.created {
-                continue;
+    // Values of 500 KiB: two events with their previous values, 2 000 000 bytes, one response;
+    // of 700 KiB: two responses.
+    for (kib, responses) in [(500, 1), (700, 2)] {
+        let prefix = format!("/f{kib}/");
+        let (a, b) = (format!("{prefix}a"), format!("{prefix}b"));
+        let big = |c: char| c.to_string().repeat(kib << 10);
+        direct.put(a.clone(), big('a'), None).await.expect("put");
+        direct.put(b.clone(), big('b'), None).await.expect("put");
+        let txn = Txn::new()
+            .and_then(vec![TxnOp::put(a.clone(), big('c'), None), TxnOp::put(b, big('d'), None)]);
+        let rev = direct.txn(txn).await.expect("txn").header().expect("h").revision();
+        env.wait_cache_rev(rev).await;
+        let mut got = Vec::new();
+        for ep in [env.etcd.endpoint(), env.grpc()] {
+            let ch = support::grpc_channel(&ep).await;
+            let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
+            grpc.ready().await.expect("ready");
+            let mut create = PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+            };
+            if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
+                (c.key, c.range_end) =
+                    (prefix.clone().into_bytes(), format!("/f{kib}0").into_bytes());
+                (c.start_revision, c.prev_kv, c.fragment) = (rev, true, true);
             }
-            events += m.events.len();
-            let keys: Vec<_> = m
-                .events
-                .iter()
-                .map(|e| {
-                    let kv = e.kv.clone().unwrap_or_default();
-                    let prev = e.prev_kv.clone().unwrap_or_default();
-                    (
-                        String::from_utf8_lossy(&kv.key).into_owned(),
-                        kv.mod_revision,
-                        prev.value.len(),
-                    )
-                })
-                .collect();
-            shapes.push((m.fragment, keys));
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(create).await.expect("send");
+            let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
+            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+            let resp = grpc
+                .streaming(
+                    tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+                    path,
+                    codec,
+                )
+                .await
+                .expect("watch");
+            let mut s = resp.into_inner();
+            let mut shapes = Vec::new();
+            let mut events = 0;
+            while events < 2 {
+                let m = tokio::time::timeout(T, s.message()).await.expect("in time").expect("ok");
+                let m = m.expect("a response");
+                if m.created {
+                    continue;
+                }
+                events += m.events.len();
+                let keys: Vec<_> = m
+                    .events
+                    .iter()
+                    .map(|e| {
+                        let kv = e.kv.clone().unwrap_or_default();
+                        let prev = e.prev_kv.clone().unwrap_or_default();
+                        (
+                            String::from_utf8_lossy(&kv.key).into_owned(),
+                            kv.mod_revision,
+                            prev.value.len(),
+                        )
+                    })
+                    .collect();
+                shapes.push((m.fragment, keys));
+            }
+            drop(tx);
+            got.push(shapes);
         }
-        drop(tx);
-        got.push(shapes);
+        assert_eq!(got[0].len(), responses, "{kib} KiB: etcd's responses: {:?}", got[0]);
+        if responses == 2 {
+            assert!(got[0][0].0 && !got[0][1].0, "etcd marks the first: {:?}", got[0]);
+        } else {
+            assert!(!got[0][0].0, "one response, not a fragment: {:?}", got[0]);
+        }
+        assert_eq!(got[1], got[0], "{kib} KiB: watchcache against etcd");
     }
-    assert_eq!(got[0].len(), 2, "etcd fragments it: {:?}", got[0]);
-    assert!(got[0][0].0 && !got[0][1].0, "etcd marks the first: {:?}", got[0]);
-    assert_eq!(got[1], got[0], "watchcache against etcd");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

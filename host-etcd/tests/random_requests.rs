@@ -36,19 +36,15 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-/// splitmix64: a seeded generator, so that a failure can be replayed.
-struct Rng(u64);
+/// Seeded draws (the core's SplitMix64), so that a failure can be replayed.
+struct Rng(cacher_core::rng::Rng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Rng {
+        Rng(cacher_core::rng::Rng::new(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.up_to(n.max(1) - 1)
     }
     fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
@@ -165,14 +161,6 @@ fn request(rng: &mut Rng, ks: &[Vec<u8>], now: i64, compacted: i64) -> PbRangeRe
     r
 }
 
-async fn channel(ep: &str) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{ep}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect")
-}
-
 async fn range(
     ch: &tonic::transport::Channel,
     r: PbRangeRequest,
@@ -246,7 +234,6 @@ struct Coverage {
     future: usize,
     sorted: usize,
     filtered: usize,
-    empty: usize,
     streams_of_chunks: usize,
 }
 
@@ -274,7 +261,6 @@ impl Coverage {
             + r.min_create_revision
             + r.max_create_revision
             > 0) as usize;
-        self.empty += d.kvs.is_empty() as usize;
     }
 }
 
@@ -284,7 +270,10 @@ async fn random_ranges_match_etcd() {
     let seeds = seeds();
     let replay = seeds.len() == 1;
     let env = Env::start().await;
-    let (etcd_ch, cache_ch) = (channel(&env.etcd.endpoint()).await, channel(&env.grpc()).await);
+    let (etcd_ch, cache_ch) = (
+        support::grpc_channel(&env.etcd.endpoint()).await,
+        support::grpc_channel(&env.grpc()).await,
+    );
     let mut direct = env.direct().await;
     let mut cached = env.cached().await;
     let ks = keys();
@@ -293,7 +282,7 @@ async fn random_ranges_match_etcd() {
     let mut differ = Vec::new();
     let before = env.cache_metric("watchcache_range_requests_total", "source=\"cache\"").await;
     for seed in seeds {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         // Clear the keys (a delete is a revision too), then a history in three parts with a
         // compaction after the first and a lease revoked in the second.
         direct.delete("/q", Some(etcd_client::DeleteOptions::new().with_from_key())).await.ok();
@@ -373,7 +362,6 @@ async fn random_ranges_match_etcd() {
     }
     // Most of them came from the cache (the rest: sorted, filtered, compacted, out of the prefix).
     assert!(served >= compared as f64 / 3.0, "{served} of {compared} served from the cache");
-    drop(cached);
 }
 
 /// Whether watchcache's events (`w`) differ from etcd's (`d`): the counts and the first
@@ -392,6 +380,28 @@ fn events_differ(d: &Recorded, w: &Recorded) -> Option<String> {
         we.get(at),
         de.get(at)
     ))
+}
+
+/// `n` random writes, then a compaction through watchcache (as kube-apiserver compacts: the
+/// cache is told) `back` to `back + 19` revisions below the last, never below `compacted`;
+/// returns the last revision and the compaction, once the cache has the writes.
+async fn write_and_compact(
+    env: &Env,
+    [direct, cached]: [&mut Client; 2],
+    rng: &mut Rng,
+    lease: i64,
+    n: usize,
+    back: i64,
+    compacted: i64,
+) -> (i64, i64) {
+    let (ks, mut now) = (keys(), 0);
+    for i in 0..n {
+        now = write(direct, rng, &ks, lease, i).await;
+    }
+    let compacted = compacted.max(now - back - rng.below(20) as i64);
+    cached.compact(compacted, None).await.expect("compact");
+    env.wait_cache_rev(now).await;
+    (now, compacted)
 }
 
 /// A random watch: a range as `request` makes them, a start revision next to one of the
@@ -436,15 +446,19 @@ async fn random_watches_match_etcd() {
     let mut events = 0;
     let mut compacted = 1;
     for seed in seeds {
-        let mut rng = Rng(seed);
-        let mut lease = direct.lease_grant(600, None).await.expect("lease").id();
-        let mut now = 0;
-        for i in 0..100 {
-            now = write(&mut direct, &mut rng, &ks, lease, i).await;
-        }
-        compacted = compacted.max(now - 30 - rng.below(20) as i64);
-        cached.compact(compacted, None).await.expect("compact");
-        env.wait_cache_rev(now).await;
+        let mut rng = Rng::new(seed);
+        let lease = direct.lease_grant(600, None).await.expect("lease").id();
+        let now;
+        (now, compacted) = write_and_compact(
+            &env,
+            [&mut direct, &mut cached],
+            &mut rng,
+            lease,
+            100,
+            30,
+            compacted,
+        )
+        .await;
         let oldest = env.server().caches()[0].status().oldest_servable.expect("window") as i64;
         let mut cases = Vec::new();
         for _ in 0..40 {
@@ -510,8 +524,6 @@ async fn random_watches_match_etcd() {
             write(&mut direct, &mut rng, &ks, lease, 100 + i).await;
         }
         direct.lease_revoke(lease).await.expect("revoke");
-        lease = direct.lease_grant(600, None).await.expect("lease").id();
-        let _ = lease;
         let until = env.etcd_rev().await;
         let hist = history_from(&mut direct, compacted, until).await;
         for (c, pair) in cases.iter().zip(streams.iter_mut()) {
@@ -576,15 +588,12 @@ async fn random_multiplexed_watches_match_etcd() {
     let (mut created, mut client_canceled, mut events) = (0, 0, 0);
     let mut compacted = 1;
     for seed in seeds {
-        let mut rng = Rng(seed.wrapping_add(1000));
+        let mut rng = Rng::new(seed.wrapping_add(1000));
         let lease = direct.lease_grant(600, None).await.expect("lease").id();
-        let mut now = 0;
-        for i in 0..60 {
-            now = write(&mut direct, &mut rng, &ks, lease, i).await;
-        }
-        compacted = compacted.max(now - 20 - rng.below(20) as i64);
-        cached.compact(compacted, None).await.expect("compact");
-        env.wait_cache_rev(now).await;
+        let mut now;
+        (now, compacted) =
+            write_and_compact(&env, [&mut direct, &mut cached], &mut rng, lease, 60, 20, compacted)
+                .await;
         // The stream opens with a watch of everything under /q/ from now.
         let first = WatchOptions::new().with_prefix();
         let mut sides = Vec::new();

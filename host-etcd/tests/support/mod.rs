@@ -142,6 +142,15 @@ pub async fn metric(url: &str, name: &str, filter: &str) -> f64 {
     sum
 }
 
+/// A raw gRPC channel to `endpoint` (`host:port`), for requests etcd-client cannot make.
+pub async fn grpc_channel(endpoint: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect")
+}
+
 /// Runs etcdctl with the given endpoint and arguments; returns stdout (panics on failure).
 pub fn etcdctl(endpoint: &str, args: &[&str]) -> String {
     let bin = host_etcd::etcd_launcher::find_binary("etcdctl")
