@@ -268,7 +268,9 @@ where
                 Poll::Ready(Some(false)) => continue,
                 Poll::Pending => {}
             }
-            if self.inbound_open {
+            // A request held behind an undecided create: the next is not read (as etcd's
+            // recvLoop does not read while it checks a create), so the client is pushed back.
+            if self.inbound_open && self.session.takes_requests() {
                 match Pin::new(&mut self.inbound).poll_next(cx) {
                     Poll::Ready(Some(Ok(req))) => {
                         refresh(&mut self.session, &mut self.statuses);

@@ -18,8 +18,12 @@
 //! else from etcd), **atomic** (responses hold whole revisions), **bookmarkable** (a progress
 //! answer at R comes only once every watch on the stream has been given every event up to R,
 //! and never below a revision the stream has already vouched for). And etcd's rules for the
-//! stream: `created` responses in request order, watch ids never reused (etcd's
-//! `watchStream.nextID` only goes up), events of a watch only after its `created`.
+//! stream: requests taken in order, one at a time where a create's outcome decides the next
+//! one's id (etcd's `recvLoop`); `created` responses in request order; watch ids never reused
+//! (etcd's `watchStream.nextID` only goes up), a refused create takes none (`-1`), and a watch
+//! etcd ended (compacted) keeps its id until the client cancels it (etcd's `watchStream` holds
+//! it until then: a create with that id is a duplicate, the cancel is answered); events of a
+//! watch only after its `created`.
 //!
 //! etcd counterparts: `server/etcdserver/api/v3rpc/watch.go` (`serverWatchStream`: recvLoop,
 //! sendLoop, ids, created/canceled, progress), `server/storage/mvcc/watcher.go` (ids),
@@ -366,10 +370,12 @@ struct Watch {
     announced: bool,
     /// The `created` response to send when its turn comes.
     created: Option<Box<PbWatchResponse>>,
-    /// The watch ends once announced (etcd refused it).
+    /// etcd ended it before it was announced: it ends once announced (the cancel is held).
     doomed: bool,
     /// The client cancelled it before it was announced.
     cancel_requested: bool,
+    /// Its id was the session's choice (the client asked for none).
+    auto_id: bool,
     /// Responses held until `created` has gone out.
     held: Vec<Response>,
     events_since_tick: bool,
@@ -410,6 +416,13 @@ pub struct WatchSession {
     by_relay: HashMap<RelayId, i64>,
     by_permission: HashMap<u64, i64>,
     next_auto_id: i64,
+    /// Ids of watches etcd ended (compacted), still held until the client cancels them.
+    ended: BTreeSet<i64>,
+    /// Requests not taken yet: they wait while a create's outcome is unknown (`undecided`).
+    requests: VecDeque<PbWatchRequest>,
+    /// The last create whose outcome (an id, or a refusal that takes none) was not yet known
+    /// when it was taken.
+    undecided: Option<i64>,
     next_tag: u64,
     next_relay: u64,
     next_token: u64,
@@ -448,6 +461,9 @@ impl WatchSession {
             by_relay: HashMap::default(),
             by_permission: HashMap::default(),
             next_auto_id: 0,
+            ended: BTreeSet::new(),
+            requests: VecDeque::new(),
+            undecided: None,
             next_tag: 1,
             next_relay: 1,
             next_token: 1,
@@ -471,6 +487,46 @@ impl WatchSession {
     /// A request from the client.
     pub fn handle_request(&mut self, now: Timestamp, req: PbWatchRequest) {
         self.advance(now);
+        self.requests.push_back(req);
+        self.take_requests();
+    }
+
+    /// Takes the client's requests in order, while no create waits for an outcome that decides
+    /// the next id (etcd's `recvLoop` checks a create's permission before it reads the next
+    /// request: a refused create takes no id).
+    fn take_requests(&mut self) {
+        while !self.deciding() {
+            let Some(req) = self.requests.pop_front() else { break };
+            self.take_request(req);
+        }
+        if self.requests.is_empty() {
+            release(&mut self.requests);
+        }
+        self.flush_announcements();
+    }
+
+    /// Whether the session takes another request now (none is held behind an undecided
+    /// create); a driver that stops reading meanwhile pushes back on the client.
+    pub fn takes_requests(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Whether the last create taken may still be refused (its permission check is out, or
+    /// etcd has not answered its relay while permissions are checked).
+    fn deciding(&self) -> bool {
+        let Some(id) = self.undecided else { return false };
+        self.watches.get(&id).is_some_and(|w| {
+            !w.announced
+                && w.created.is_none()
+                && match w.source {
+                    Source::Authorizing { .. } => true,
+                    Source::RelayOpening { .. } => self.cfg.check_permissions,
+                    _ => false,
+                }
+        })
+    }
+
+    fn take_request(&mut self, req: PbWatchRequest) {
         match req.request_union {
             Some(PbWatchRequestUnion::CreateRequest(c)) => {
                 // etcd's order of checks (`v3rpc/watch.go`, then `watchStream.Watch`): a
@@ -526,7 +582,7 @@ impl WatchSession {
                 self.on_frontier(token, cache_rv, caught_up)
             }
         }
-        self.flush_announcements();
+        self.take_requests();
     }
 
     /// A relay's response or end.
@@ -551,7 +607,7 @@ impl WatchSession {
                 self.on_relay_ended(id, relay, error, unavailable)
             }
         }
-        self.flush_announcements();
+        self.take_requests();
     }
 
     /// The answer to [`SessionOutput::CheckPermission`].
@@ -569,22 +625,12 @@ impl WatchSession {
                 self.start_on_cache(id, c, start, self.cfg.create_wait_ms);
             }
             (Permission::Denied(reason), _) => {
-                let r = PbWatchResponse {
-                    header: Some(header_at(self.best_rev)),
-                    watch_id: id,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: reason,
-                    ..Default::default()
-                };
-                if let Some(w) = self.watches.get_mut(&id) {
-                    w.created = Some(Box::new(r));
-                    w.doomed = true;
-                }
+                let r = PbWatchResponse { cancel_reason: reason, ..Default::default() };
+                self.refuse(id, r);
             }
             (Permission::Allowed | Permission::Unknown, _) => self.open_relay(id),
         }
-        self.flush_announcements();
+        self.take_requests();
     }
 
     /// A cache's status changed (the session uses it to decide where a watch can resume).
@@ -645,7 +691,7 @@ impl WatchSession {
             self.next_rejoin = now.add_ms(self.cfg.rejoin_interval_ms.max(1));
             self.rejoin_tick();
         }
-        self.flush_announcements();
+        self.take_requests();
     }
 
     /// The stream ends: every source is stopped.
@@ -655,6 +701,8 @@ impl WatchSession {
             self.remove_watch(id);
         }
         self.announce.clear();
+        self.ended.clear();
+        self.requests.clear();
         self.query = None;
         self.progress_wanted = false;
     }
@@ -728,13 +776,14 @@ impl WatchSession {
 
     fn create(&mut self, spec: CreateSpec, requested_id: i64) {
         // Watch id: the client's, or the next one (etcd's AutoWatchID = 0); never reused.
+        let in_use = |s: &Self, id: i64| s.watches.contains_key(&id) || s.ended.contains(&id);
         let id = if requested_id != 0 {
-            if self.watches.contains_key(&requested_id) {
+            if in_use(self, requested_id) {
                 return self.reject_create(-1, ERR_DUPLICATE_ID);
             }
             requested_id
         } else {
-            while self.watches.contains_key(&self.next_auto_id) {
+            while in_use(self, self.next_auto_id) {
                 self.next_auto_id += 1;
             }
             let id = self.next_auto_id;
@@ -755,6 +804,7 @@ impl WatchSession {
             created: None,
             doomed: false,
             cancel_requested: false,
+            auto_id: requested_id == 0,
             held: Vec::new(),
             events_since_tick: false,
             periodic_due: false,
@@ -762,6 +812,7 @@ impl WatchSession {
             spec,
         };
         self.watches.insert(id, w);
+        self.undecided = Some(id);
         self.epoch += 1;
         self.announce.push_back(Announce::Watch(id));
         self.invalidate_query(id);
@@ -791,6 +842,28 @@ impl WatchSession {
         };
         self.announce.push_back(Announce::Ready(r));
         self.flush_announcements();
+    }
+
+    /// A create refused once taken (permission, etcd's refusal): answered in its turn as etcd
+    /// answers a refused create, with id -1; the id it was given is free again (requests wait
+    /// while a refusal is possible, so no later create has taken the next one).
+    fn refuse(&mut self, id: i64, mut r: PbWatchResponse) {
+        r.watch_id = -1;
+        r.created = true;
+        r.canceled = true;
+        if r.header.is_none() {
+            r.header = Some(header_at(self.best_rev));
+        }
+        self.stop_source(id);
+        let Some(w) = self.watches.remove(&id) else { return };
+        self.invalidate_query(id);
+        if w.auto_id && self.next_auto_id == id + 1 {
+            self.next_auto_id = id;
+        }
+        match self.announce.iter_mut().find(|a| matches!(a, Announce::Watch(x) if *x == id)) {
+            Some(a) => *a = Announce::Ready(r),
+            None => self.announce.push_back(Announce::Ready(r)),
+        }
     }
 
     /// Sends, in order, every `created` (and what waits behind it) whose turn has come.
@@ -825,8 +898,11 @@ impl WatchSession {
                         self.outputs.push_back(SessionOutput::Respond(r));
                     }
                     if doomed {
+                        // etcd ended it (the cancel went out with `held`): its id stays taken.
                         self.remove_watch(id);
-                    } else if cancel {
+                        self.ended.insert(id);
+                    }
+                    if cancel {
                         self.client_cancel(id);
                     }
                 }
@@ -874,6 +950,16 @@ impl WatchSession {
     // ----- cancel -----------------------------------------------------------------------------
 
     fn client_cancel(&mut self, id: i64) {
+        if self.ended.remove(&id) {
+            // etcd's `watchStream.Cancel` finds the compacted watcher and answers.
+            let r = PbWatchResponse {
+                header: Some(header_at(self.best_rev)),
+                watch_id: id,
+                canceled: true,
+                ..Default::default()
+            };
+            return self.respond_now(r);
+        }
         let Some(w) = self.watches.get_mut(&id) else { return };
         if !w.announced {
             w.cancel_requested = true;
@@ -890,14 +976,15 @@ impl WatchSession {
         self.respond_now(r);
     }
 
-    /// Ends a watch because its source ended it for good (etcd's compaction cancel, a refusal):
-    /// the client hears it as etcd said it.
+    /// Ends a watch because its source ended it for good (etcd's compaction cancel): the client
+    /// hears it as etcd said it, and the id stays taken until the client cancels it.
     fn server_cancel(&mut self, id: i64, mut r: PbWatchResponse) {
         r.watch_id = id;
         r.created = false;
         let Some(w) = self.watches.get_mut(&id) else { return };
         if w.announced {
             self.remove_watch(id);
+            self.ended.insert(id);
             self.respond_now(r);
         } else {
             // Not announced yet: `created` first (etcd sends both), then the cancel.
@@ -1184,13 +1271,8 @@ impl WatchSession {
                         .push_back(SessionOutput::Note(Note::Compacted(r.compact_revision as u64)));
                 }
                 if !w.announced && w.created.is_none() {
-                    // Refused at once (permission, ...): etcd's own answer, with our id.
-                    let mut c = r;
-                    c.watch_id = id;
-                    c.created = true;
-                    w.created = Some(Box::new(c));
-                    w.doomed = true;
-                    self.stop_source(id);
+                    // Refused at once (permission, ...): etcd's own answer.
+                    self.refuse(id, r);
                 } else {
                     self.server_cancel(id, r);
                 }
@@ -1292,20 +1374,8 @@ impl WatchSession {
         if !w.announced && w.created.is_none() && !unavailable {
             // etcd refused the create: its reason, as etcd's watch server would answer.
             let reason = error.unwrap_or_else(|| "etcd refused the watch".to_owned());
-            let header = header_at(self.best_rev);
-            if let Some(w) = self.watches.get_mut(&id) {
-                w.created = Some(Box::new(PbWatchResponse {
-                    header: Some(header),
-                    watch_id: id,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: reason,
-                    ..Default::default()
-                }));
-                w.doomed = true;
-            }
-            self.stop_source(id);
-            return;
+            let r = PbWatchResponse { cancel_reason: reason, ..Default::default() };
+            return self.refuse(id, r);
         }
         if !w.announced && w.created.is_none() {
             // etcd is unreachable: clients of etcd would wait; the watch is announced and its

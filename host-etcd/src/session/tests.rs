@@ -286,6 +286,10 @@ struct World {
     now: Timestamp,
     seen: Vec<Seen>,
     notes: Vec<Note>,
+    /// Permission checks: refused with this reason, else allowed.
+    deny: Option<String>,
+    /// Permission checks held here (answered by the test) instead of answered at once.
+    held_checks: Option<Vec<u64>>,
 }
 
 const PREFIX: &str = "/registry/";
@@ -307,6 +311,8 @@ impl World {
             now: Timestamp::ZERO,
             seen: Vec::new(),
             notes: Vec::new(),
+            deny: None,
+            held_checks: None,
         }
     }
 
@@ -321,9 +327,16 @@ impl World {
                 SessionOutput::Respond(r) => self.seen.push(seen(r)),
                 SessionOutput::Cache { cmd, .. } => self.cache.command(cmd, &self.h),
                 SessionOutput::Upstream(cmd) => self.etcd.command(cmd, &self.h),
-                SessionOutput::CheckPermission { token, .. } => {
-                    self.s.handle_permission(self.now, token, Permission::Allowed)
-                }
+                SessionOutput::CheckPermission { token, .. } => match &mut self.held_checks {
+                    Some(held) => held.push(token),
+                    None => {
+                        let d = match &self.deny {
+                            Some(reason) => Permission::Denied(reason.clone()),
+                            None => Permission::Allowed,
+                        };
+                        self.s.handle_permission(self.now, token, d)
+                    }
+                },
                 SessionOutput::Note(n) => self.notes.push(n),
             }
         }
@@ -475,7 +488,8 @@ fn auto_watch_ids_are_never_reused_on_a_stream() {
 }
 
 /// Reliability finding 4: the server cancels watch 0 (compaction), the client creates another
-/// and then sends its automatic cancel for the old 0: the new watch must live on.
+/// and then sends its automatic cancel for the old 0: the new watch must live on, and the
+/// cancel is answered as etcd answers it (its watchStream still holds the compacted watcher).
 #[test]
 fn a_late_cancel_for_a_server_cancelled_id_does_not_end_the_next_watch() {
     let mut w = World::new(World::cfg());
@@ -493,10 +507,79 @@ fn a_late_cancel_for_a_server_cancelled_id_does_not_end_the_next_watch() {
     assert_eq!(w.take(), vec![Seen::Created { id: 1, canceled: false }]);
     w.cancel_id(0);
     w.pump();
+    assert_eq!(w.take(), vec![Seen::Canceled { id: 0, compact: 0 }]);
+    w.cancel_id(0);
+    w.pump();
     assert!(w.take().is_empty(), "a cancel of an unknown id gets no answer");
     let rev = w.write(&["/registry/x"]);
     w.pump();
     assert_eq!(w.take(), vec![Seen::Events { id: 1, revs: vec![rev] }]);
+}
+
+/// Found by `random_slow_readers_match_etcd`: a watch etcd canceled as compacted keeps its id
+/// on the stream until the client cancels it (etcd's `watchStream` holds the watcher), so the
+/// next automatic id skips it and a create that asks for it is a duplicate.
+#[test]
+fn a_watch_canceled_as_compacted_keeps_its_id_until_the_client_cancels_it() {
+    let mut w = World::new(World::cfg());
+    w.etcd.compacted = 5;
+    w.create("/other", "", 2, 2);
+    w.pump();
+    w.watch_prefix(0);
+    w.watch_prefix(0);
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 2, canceled: false },
+            Seen::Canceled { id: 2, compact: 5 },
+            Seen::Created { id: 0, canceled: false },
+            Seen::Created { id: 1, canceled: false },
+            Seen::Created { id: 3, canceled: false },
+        ],
+        "the third automatic id skips the compacted watch's"
+    );
+    w.create(PREFIX, "/registry0", 0, 2);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: -1, canceled: true }], "2 is still taken");
+    w.cancel_id(2);
+    w.create(PREFIX, "/registry0", 0, 2);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Canceled { id: 2, compact: 0 }, Seen::Created { id: 2, canceled: false }]
+    );
+}
+
+/// A create refused once taken (here: permission denied) is answered as etcd answers it, with
+/// id -1, and takes no id; the requests after it wait for its outcome (etcd's recvLoop checks
+/// a create before it reads on), so the next create gets the id the refused one would have.
+#[test]
+fn a_refused_create_takes_no_id_and_the_next_requests_wait_for_its_outcome() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.held_checks = Some(Vec::new());
+    w.watch_prefix(0);
+    w.watch_prefix(0);
+    w.cancel_id(0);
+    w.pump();
+    assert!(w.take().is_empty());
+    assert!(!w.s.takes_requests(), "requests wait behind the undecided create");
+    let held = w.held_checks.take().expect("held");
+    assert_eq!(held.len(), 1, "the second create is not taken before the first is decided");
+    w.s.handle_permission(w.now, held[0], Permission::Denied("permission denied".into()));
+    w.pump();
+    // The cancel, taken after both creates, ends the watch that got id 0.
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: -1, canceled: true },
+            Seen::Created { id: 0, canceled: false },
+            Seen::Canceled { id: 0, compact: 0 }
+        ],
+        "the refused create took no id"
+    );
+    assert!(w.s.takes_requests());
 }
 
 #[test]
