@@ -7,6 +7,13 @@
 
 use std::time::Duration;
 
+/// The largest response watchcache takes from etcd: clientv3's default receive limit
+/// (`MaxCallRecvMsgSize`, `math.MaxInt32`), which is also etcd's gRPC send limit. etcd sends a
+/// watcher that catches up up to 1 000 revisions in one response, however large, and a Range
+/// of any size; tonic's 4 MiB default would refuse them (a relayed watch could then never
+/// catch up).
+pub const MAX_RECEIVE_BYTES: usize = i32::MAX as usize;
+
 /// Everything one cache is configured with.
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
@@ -116,7 +123,7 @@ pub struct ReflectorOptions {
     pub backoff_min: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
-    /// Largest etcd response accepted (list pages and watch batches).
+    /// Largest etcd response accepted (list pages and watch batches); clientv3's limit.
     pub max_message_bytes: usize,
     /// Revisions on their way from the reflector to the cache before the reflector stops
     /// reading etcd's watch stream (so a slow cache slows its own upstream watch, never
@@ -144,7 +151,7 @@ impl Default for ReflectorOptions {
             page_size: 10_000,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(2),
-            max_message_bytes: 256 << 20,
+            max_message_bytes: MAX_RECEIVE_BYTES,
             inbox_revisions: 1024,
             backfill_revisions: 10_000,
             compaction_probe: Duration::from_secs(1),

@@ -17,6 +17,8 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::config::MAX_RECEIVE_BYTES;
+
 /// TLS material for the connection to etcd.
 #[derive(Clone, Debug, Default)]
 pub struct EtcdTls {
@@ -185,7 +187,7 @@ impl Upstream {
         let stream = self
             .client
             .watch_client()
-            .max_decoding_message_size(256 << 20)
+            .max_decoding_message_size(MAX_RECEIVE_BYTES)
             .watch(c.key.clone(), Some(o))
             .await
             .map_err(|e| match e {
@@ -298,6 +300,11 @@ impl Upstream {
             .ok_or_else(|| Status::unimplemented("no raw channel to etcd in a library cache"))
     }
 
+    /// A gRPC client on the raw channel that takes responses as large as clientv3 does.
+    fn grpc(&self) -> Result<tonic::client::Grpc<Channel>, Status> {
+        Ok(tonic::client::Grpc::new(self.raw()?).max_decoding_message_size(MAX_RECEIVE_BYTES))
+    }
+
     /// Forwards a unary call to etcd with the client's metadata.
     pub async fn unary<Req, Resp>(
         &self,
@@ -309,7 +316,7 @@ impl Upstream {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.raw()?);
+        let mut grpc = self.grpc()?;
         grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
         let req = with_metadata(metadata, message);
         grpc.unary(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
@@ -326,7 +333,7 @@ impl Upstream {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.raw()?);
+        let mut grpc = self.grpc()?;
         grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
         let req = with_metadata(metadata, message);
         grpc.server_streaming(
@@ -352,7 +359,7 @@ impl Upstream {
     {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         tx.try_send(first).map_err(|_| Status::internal("stream buffer"))?;
-        let mut grpc = tonic::client::Grpc::new(self.raw()?);
+        let mut grpc = self.grpc()?;
         grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
         let req = with_metadata(metadata, ReceiverStream::new(rx));
         let resp = grpc
