@@ -336,6 +336,57 @@ async fn prev_kv_at_the_compaction_revision_is_etcds() {
     assert_eq!(got[1], got[0], "watchcache against etcd");
 }
 
+/// etcd sends a watch that catches up with its history up to 1 000 revisions in one response,
+/// however large (its gRPC server's send limit is 2 GiB, clientv3's receive limit too): 48
+/// values of 128 KiB from before the window come in one 6 MiB response. Passed through, that
+/// response must reach the client whole; with tonic's 4 MiB default the relay failed, was
+/// opened again and failed again for ever, and the watch got nothing; a Range passed through
+/// failed the same way. Found by `random_slow_readers` (seed 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_through_watch_takes_etcd_responses_of_any_size() {
+    let env = Env::start_with_window(10).await;
+    let mut direct = env.direct().await;
+    let value = vec![b'v'; 128 << 10];
+    let mut first = 0;
+    let mut last = 0;
+    for i in 0..48 {
+        let r = direct.put(format!("/big/{i}"), value.clone(), None).await.expect("put");
+        last = r.header().expect("header").revision();
+        if i == 0 {
+            first = last;
+        }
+    }
+    env.wait_cache_rev(last).await;
+    let mut counts = Vec::new();
+    for endpoint in [env.etcd.endpoint(), env.grpc()] {
+        let client = support::connect(&endpoint, None).await;
+        let opts = WatchOptions::new().with_prefix().with_start_revision(first);
+        let mut s = client
+            .watch_client()
+            .max_decoding_message_size(1 << 30)
+            .watch("/big/", Some(opts))
+            .await
+            .expect("watch");
+        let mut rec = Recorded { name: endpoint.clone(), ..Default::default() };
+        collect(&mut s, &mut rec, last, T).await;
+        assert!(rec.error.is_none(), "{endpoint}: {:?}", rec.error);
+        counts.push(rec.events().count());
+    }
+    assert_eq!(counts, [48, 48], "events from etcd, from watchcache");
+    // A Range the cache passes through (sorted by value): one 6 MiB response from both.
+    let mut kvs = Vec::new();
+    for endpoint in [env.etcd.endpoint(), env.grpc()] {
+        let client = support::connect(&endpoint, None).await;
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_sort(etcd_client::SortTarget::Value, etcd_client::SortOrder::Descend);
+        let r =
+            client.kv_client().max_decoding_message_size(1 << 30).get("/big/", Some(opts)).await;
+        kvs.push(r.map(|r| r.kvs().len()).map_err(|e| e.to_string()));
+    }
+    assert_eq!(kvs, [Ok(48), Ok(48)], "a sorted Range from etcd, from watchcache");
+}
+
 /// A watch created with `fragment` gets a response of etcd's request limit with its gRPC
 /// overhead (1.5 MiB + 512 KiB) or more as fragments, as etcd sends them: one revision's two
 /// events of 1.4 MiB each (values with their previous values) arrive as two responses, the
