@@ -14,6 +14,7 @@ mod latency;
 mod layers;
 mod library;
 mod random_requests;
+mod random_slow_readers;
 mod restart;
 mod security;
 mod slo_validation;

@@ -27,7 +27,7 @@ use support::conformance::{check, collect, history_from, in_range, resp_of, Ev, 
 use support::Env;
 
 /// The seeds: `WATCHCACHE_TEST_SEED` (`7`, or `3-40` for a sweep), else 1 to 3.
-fn seeds() -> Vec<u64> {
+pub(crate) fn seeds() -> Vec<u64> {
     let Ok(v) = std::env::var("WATCHCACHE_TEST_SEED") else { return vec![1, 2, 3] };
     let n = |x: &str| -> u64 { x.trim().parse().expect("WATCHCACHE_TEST_SEED: N or A-B") };
     match v.split_once('-') {
@@ -37,25 +37,25 @@ fn seeds() -> Vec<u64> {
 }
 
 /// Seeded draws (the core's SplitMix64), so that a failure can be replayed.
-struct Rng(cacher_core::rng::Rng);
+pub(crate) struct Rng(cacher_core::rng::Rng);
 
 impl Rng {
-    fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng(cacher_core::rng::Rng::new(seed))
     }
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0.up_to(n.max(1) - 1)
     }
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+    pub(crate) fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len() as u64) as usize]
     }
 }
 
 /// The keys the history writes, chosen to sit on each other's prefix and range boundaries.
-fn keys() -> Vec<Vec<u8>> {
+pub(crate) fn keys() -> Vec<Vec<u8>> {
     let mut ks: Vec<Vec<u8>> =
         ["/q/a", "/q/a/", "/q/a/b", "/q/a/c", "/q/a0", "/q/b", "/q/ba", "/q/c"]
             .iter()
@@ -69,11 +69,28 @@ fn keys() -> Vec<Vec<u8>> {
     ks
 }
 
-/// One random write: put, delete, delete of a range, a transaction, a put with the lease.
-async fn write(c: &mut Client, rng: &mut Rng, ks: &[Vec<u8>], lease: i64, i: usize) -> i64 {
+/// A written value: a tag and the write's number, then `pad` bytes.
+fn value(tag: char, i: usize, pad: usize) -> Vec<u8> {
+    let mut v = format!("{tag}{i}").into_bytes();
+    v.resize(v.len() + pad, b'.');
+    v
+}
+
+/// One random write: put, delete, delete of a range, a transaction, a put with the lease; the
+/// values written carry `pad` bytes more than their tag.
+pub(crate) async fn write(
+    c: &mut Client,
+    rng: &mut Rng,
+    ks: &[Vec<u8>],
+    lease: i64,
+    i: usize,
+    pad: usize,
+) -> i64 {
     let k = rng.pick(ks).clone();
     let r = match rng.below(10) {
-        0..=5 => c.put(k, format!("v{i}"), None).await.expect("put").header().map(|h| h.revision()),
+        0..=5 => {
+            c.put(k, value('v', i, pad), None).await.expect("put").header().map(|h| h.revision())
+        }
         6 => c.delete(k, None).await.expect("delete").header().map(|h| h.revision()),
         7 if rng.chance(50) => {
             let end = rng.pick(ks).clone();
@@ -89,14 +106,14 @@ async fn write(c: &mut Client, rng: &mut Rng, ks: &[Vec<u8>], lease: i64, i: usi
             let txn = Txn::new()
                 .when(vec![Compare::version(k.clone(), CompareOp::Greater, 0)])
                 .and_then(vec![
-                    TxnOp::put(k.clone(), format!("t{i}"), None),
+                    TxnOp::put(k.clone(), value('t', i, pad), None),
                     TxnOp::delete(k2.clone(), None),
                 ])
-                .or_else(vec![TxnOp::put(k2, format!("e{i}"), None)]);
+                .or_else(vec![TxnOp::put(k2, value('e', i, pad), None)]);
             c.txn(txn).await.expect("txn").header().map(|h| h.revision())
         }
         _ => c
-            .put(k, format!("l{i}"), Some(PutOptions::new().with_lease(lease)))
+            .put(k, value('l', i, pad), Some(PutOptions::new().with_lease(lease)))
             .await
             .expect("put with lease")
             .header()
@@ -107,7 +124,7 @@ async fn write(c: &mut Client, rng: &mut Rng, ks: &[Vec<u8>], lease: i64, i: usi
 
 /// A random `RangeRequest` over the keys, at a revision up to `now + 3`, often one next to the
 /// compaction or to the current revision (the boundaries).
-fn request(rng: &mut Rng, ks: &[Vec<u8>], now: i64, compacted: i64) -> PbRangeRequest {
+pub(crate) fn request(rng: &mut Rng, ks: &[Vec<u8>], now: i64, compacted: i64) -> PbRangeRequest {
     let mut r = PbRangeRequest { key: rng.pick(ks).clone(), ..Default::default() };
     match rng.below(8) {
         0 => {}
@@ -294,7 +311,7 @@ async fn random_ranges_match_etcd() {
         let mut compacted = 1;
         for part in 0..3 {
             for i in 0..80 {
-                now = write(&mut direct, &mut rng, &ks, lease, part * 100 + i).await;
+                now = write(&mut direct, &mut rng, &ks, lease, part * 100 + i, 0).await;
             }
             match part {
                 0 => {
@@ -366,26 +383,46 @@ async fn random_ranges_match_etcd() {
 
 /// Whether watchcache's events (`w`) differ from etcd's (`d`): the counts and the first
 /// difference.
-fn events_differ(d: &Recorded, w: &Recorded) -> Option<String> {
+pub(crate) fn events_differ(d: &Recorded, w: &Recorded) -> Option<String> {
     let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
     if de == we {
         return None;
     }
     let at = de.iter().zip(&we).position(|(a, b)| a != b).unwrap_or(de.len().min(we.len()));
+    // Values as their length and first bytes (a value may be 128 KiB).
+    let short = |e: Option<&&Ev>| {
+        e.map(|e| {
+            let v = |x: &[u8]| {
+                format!("{:?}+{}B", String::from_utf8_lossy(&x[..x.len().min(8)]), x.len())
+            };
+            format!(
+                "rev {} {:?} {} value {} create {} version {} prev {:?}",
+                e.rev,
+                String::from_utf8_lossy(&e.key),
+                if e.delete { "delete" } else { "put" },
+                v(&e.value),
+                e.create_rev,
+                e.version,
+                e.prev.as_ref().map(|(pv, pr)| (v(pv), *pr))
+            )
+        })
+    };
     Some(format!(
-        "{}: {} events, etcd {}; first difference at {at}: {:?}, etcd {:?}",
+        "{}: {} events, etcd {} (created at {}, etcd at {}); first difference at {at}: {:?}, etcd {:?}",
         w.name,
         we.len(),
         de.len(),
-        we.get(at),
-        de.get(at)
+        w.created_rev,
+        d.created_rev,
+        short(we.get(at)),
+        short(de.get(at))
     ))
 }
 
 /// `n` random writes, then a compaction through watchcache (as kube-apiserver compacts: the
 /// cache is told) `back` to `back + 19` revisions below the last, never below `compacted`;
 /// returns the last revision and the compaction, once the cache has the writes.
-async fn write_and_compact(
+pub(crate) async fn write_and_compact(
     env: &Env,
     [direct, cached]: [&mut Client; 2],
     rng: &mut Rng,
@@ -396,7 +433,7 @@ async fn write_and_compact(
 ) -> (i64, i64) {
     let (ks, mut now) = (keys(), 0);
     for i in 0..n {
-        now = write(direct, rng, &ks, lease, i).await;
+        now = write(direct, rng, &ks, lease, i, 0).await;
     }
     let compacted = compacted.max(now - back - rng.below(20) as i64);
     cached.compact(compacted, None).await.expect("compact");
@@ -521,7 +558,7 @@ async fn random_watches_match_etcd() {
             streams.push(pair);
         }
         for i in 0..60 {
-            write(&mut direct, &mut rng, &ks, lease, 100 + i).await;
+            write(&mut direct, &mut rng, &ks, lease, 100 + i, 0).await;
         }
         direct.lease_revoke(lease).await.expect("revoke");
         let until = env.etcd_rev().await;
@@ -646,7 +683,7 @@ async fn random_multiplexed_watches_match_etcd() {
                 }
                 10..=18 => {
                     for _ in 0..1 + rng.below(3) {
-                        now = write(&mut direct, &mut rng, &ks, lease, 1000 + step).await;
+                        now = write(&mut direct, &mut rng, &ks, lease, 1000 + step, 0).await;
                     }
                 }
                 _ => {

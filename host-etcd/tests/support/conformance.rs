@@ -125,6 +125,34 @@ pub fn resp_of(r: &etcd_client::WatchResponse) -> Resp {
     }
 }
 
+/// A response as a client sees it, from the protobuf (for clients below etcd-client's API).
+pub fn resp_of_pb(r: &etcd_client::proto::PbWatchResponse) -> Resp {
+    Resp {
+        header_rev: r.header.as_ref().map_or(0, |h| h.revision),
+        watch_id: r.watch_id,
+        events: r
+            .events
+            .iter()
+            .map(|e| {
+                let kv = e.kv.clone().unwrap_or_default();
+                Ev {
+                    rev: kv.mod_revision,
+                    key: kv.key,
+                    value: kv.value,
+                    delete: e.r#type == 1,
+                    create_rev: kv.create_revision,
+                    version: kv.version,
+                    prev: e.prev_kv.as_ref().map(|p| (p.value.clone(), p.mod_revision)),
+                }
+            })
+            .collect(),
+        created: r.created,
+        canceled: r.canceled,
+        compact_rev: r.compact_revision,
+        cancel_reason: r.cancel_reason.clone(),
+    }
+}
+
 /// Reads responses until the watch has seen revision `until` (an event or a progress
 /// notification at or past it), it is canceled, or `limit` passes.
 pub async fn collect(stream: &mut WatchStream, rec: &mut Recorded, until: i64, limit: Duration) {

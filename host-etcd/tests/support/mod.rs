@@ -27,6 +27,14 @@ pub fn test_config(etcd: &EmbeddedEtcd) -> ServeConfig {
     cfg
 }
 
+/// A fixed window of `capacity` events (no resizing).
+pub fn fixed_window(cfg: &mut ServeConfig, capacity: usize) {
+    cfg.cache.core.capacity = capacity;
+    cfg.cache.core.lower_bound_capacity = capacity;
+    cfg.cache.core.upper_bound_capacity = capacity;
+    cfg.cache.core.dynamic_capacity = false;
+}
+
 impl Env {
     pub async fn start() -> Env {
         Env::start_with(EtcdOptions::default(), |_| {}).await
@@ -45,13 +53,7 @@ impl Env {
 
     /// With a fixed window of `capacity` events, so that old start revisions fall outside it.
     pub async fn start_with_window(capacity: usize) -> Env {
-        Env::start_with(EtcdOptions::default(), |cfg| {
-            cfg.cache.core.capacity = capacity;
-            cfg.cache.core.lower_bound_capacity = capacity;
-            cfg.cache.core.upper_bound_capacity = capacity;
-            cfg.cache.core.dynamic_capacity = false;
-        })
-        .await
+        Env::start_with(EtcdOptions::default(), |cfg| fixed_window(cfg, capacity)).await
     }
 
     pub fn server(&self) -> &Server {

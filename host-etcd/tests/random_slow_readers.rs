@@ -1,0 +1,557 @@
+//! Seeded random slow readers, the same on etcd and on watchcache: several watch streams per
+//! side, on one or two connections, each with several watches, whose clients stop reading and
+//! read again at random while writes of up to 128 KiB come, and meanwhile create watches (some
+//! with a watch id of their own, some reusing one), cancel them (some ids that do not exist),
+//! ask for progress and compact. A stalled stream is one whose client does not read: HTTP/2
+//! flow control pushes back on the server as a slow client does, so that watchcache's watchers
+//! fall behind its credit, out of its window (a window of 40 events, credit of 16) onto a
+//! watch of etcd's and back onto the cache.
+//!
+//! What must hold, per stream: the same watch ids as etcd's, in the same order; per watch, the
+//! same events as etcd's (a watch canceled by its client or by a compaction may stop at another
+//! point than etcd's: one side's events must then be the start of the other's), and etcd's
+//! guarantees against its history (ordered, unique, complete, a revision never split, no
+//! progress notification ahead of an event still to come); no response for a watch that is not
+//! open; every stream's last progress request answered once its watches have caught up.
+//!
+//! `WATCHCACHE_TEST_SEED=<n>` replays one seed (`<a>-<b>`: a sweep).
+
+use crate::random_requests::{events_differ, keys, request, seeds, write, write_and_compact, Rng};
+use crate::support;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use etcd_client::{WatchFilterType, WatchOptions};
+use host_etcd::EtcdOptions;
+use support::conformance::{check, history_from, in_range, resp_of_pb, Ev, Recorded};
+use support::Env;
+use tonic::transport::Channel;
+
+/// What a stream's reader filed: each accepted watch's record (in the order the creates were
+/// answered), the ids the creates got, which watches are open, and responses for no open watch.
+#[derive(Default)]
+struct Filed {
+    /// Records of the creates sent and not answered yet, in order.
+    creates: VecDeque<Recorded>,
+    recs: Vec<Recorded>,
+    ids: Vec<i64>,
+    /// Open watch id → its record.
+    open: BTreeMap<i64, usize>,
+    /// Watches etcd canceled as compacted: their ids stay taken until the client cancels them,
+    /// and that cancel is answered.
+    ended: BTreeMap<i64, usize>,
+    strays: Vec<String>,
+    error: Option<String>,
+}
+
+impl Filed {
+    fn file(&mut self, m: &PbWatchResponse) {
+        let r = resp_of_pb(m);
+        if r.created {
+            let Some(mut rec) = self.creates.pop_front() else {
+                self.strays.push(format!("created {} for no create", r.watch_id));
+                return;
+            };
+            self.ids.push(r.watch_id);
+            if r.watch_id < 0 {
+                // Refused (an empty range, an id in use): nothing more comes of it.
+                return;
+            }
+            rec.name = format!("{} → id {}", rec.name, r.watch_id);
+            rec.created_rev = r.header_rev;
+            let canceled = r.canceled;
+            rec.responses.push(r.clone());
+            self.recs.push(rec);
+            if !canceled {
+                self.open.insert(r.watch_id, self.recs.len() - 1);
+            }
+            return;
+        }
+        if r.is_progress() && !self.open.contains_key(&r.watch_id) {
+            for &i in self.open.values() {
+                self.recs[i].responses.push(r.clone());
+            }
+            return;
+        }
+        match self.open.get(&r.watch_id) {
+            Some(&i) => {
+                if r.canceled {
+                    self.open.remove(&r.watch_id);
+                    if r.compact_rev > 0 {
+                        self.ended.insert(r.watch_id, i);
+                    }
+                }
+                self.recs[i].responses.push(r);
+            }
+            None if r.canceled && r.compact_rev == 0 && self.ended.contains_key(&r.watch_id) => {
+                let i = self.ended.remove(&r.watch_id).expect("ended");
+                self.recs[i].responses.push(r);
+            }
+            None => self.strays.push(format!(
+                "a response for watch {}, which is not open: {} events, canceled {}",
+                r.watch_id,
+                r.events.len(),
+                r.canceled
+            )),
+        }
+    }
+}
+
+/// A connection whose HTTP/2 windows are small (64 KiB per stream, 256 KiB in all), so that a
+/// client that stops reading pushes back on the server after a few responses (etcd-client's
+/// 2 MiB and 5 MiB would absorb most of this test's writes).
+async fn connection(endpoint: &str) -> Channel {
+    connection_with_window(endpoint, 64 << 10).await
+}
+
+async fn connection_with_window(endpoint: &str, window: u32) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .expect("endpoint")
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window * 4)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// One watch stream: its requests' sender, what its reader task filed, and the switch that
+/// stalls the reader (a stalled reader does not poll the stream at all).
+struct Lane {
+    tx: tokio::sync::mpsc::Sender<PbWatchRequest>,
+    filed: Arc<Mutex<Filed>>,
+    reading: tokio::sync::watch::Sender<bool>,
+    /// Creates sent on this stream (an upper bound of its ids).
+    creates: i64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Lane {
+    /// Opens a Watch stream on `ch` with its first watch.
+    async fn open(ch: &Channel, rec: Recorded, o: WatchOptions) -> Lane {
+        let filed = Arc::new(Mutex::new(Filed::default()));
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let mut grpc = tonic::client::Grpc::new(ch.clone()).max_decoding_message_size(1 << 30);
+        grpc.ready().await.expect("ready");
+        let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
+        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+        let (reading, gate) = tokio::sync::watch::channel(true);
+        let mut lane =
+            Lane { tx, filed: filed.clone(), reading, creates: 0, task: tokio::spawn(async {}) };
+        lane.create(rec, o).await;
+        let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let s = grpc.streaming(tonic::Request::new(requests), path, codec).await.expect("watch");
+        lane.task = tokio::spawn(read(s.into_inner(), filed, gate));
+        lane
+    }
+
+    async fn send(&self, u: PbWatchRequestUnion) {
+        let req = PbWatchRequest { request_union: Some(u) };
+        self.tx.send(req).await.expect("the stream takes requests");
+    }
+
+    async fn create(&mut self, rec: Recorded, o: WatchOptions) {
+        self.filed.lock().expect("filed").creates.push_back(rec.clone());
+        let req: PbWatchRequest = o.with_key(rec.key.clone()).into();
+        self.tx.send(req).await.expect("the stream takes requests");
+        self.creates += 1;
+    }
+
+    async fn cancel(&self, id: i64) {
+        let mut c = PbWatchRequestUnion::CancelRequest(Default::default());
+        if let PbWatchRequestUnion::CancelRequest(x) = &mut c {
+            x.watch_id = id;
+        }
+        self.send(c).await;
+    }
+
+    async fn request_progress(&self) {
+        self.send(PbWatchRequestUnion::ProgressRequest(Default::default())).await;
+    }
+
+    fn stall(&self, stalled: bool) {
+        self.reading.send_replace(!stalled);
+    }
+}
+
+/// A stream's reader: files every response while `gate` is open, none while it is closed.
+async fn read(
+    mut rx: tonic::Streaming<PbWatchResponse>,
+    filed: Arc<Mutex<Filed>>,
+    mut gate: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        if !*gate.borrow_and_update() {
+            if gate.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            m = rx.message() => match m {
+                Ok(Some(m)) => filed.lock().expect("filed").file(&m),
+                Ok(None) => {
+                    filed.lock().expect("filed").error = Some("stream ended".into());
+                    return;
+                }
+                Err(e) => {
+                    filed.lock().expect("filed").error = Some(e.to_string());
+                    return;
+                }
+            },
+            r = gate.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// A random watch (as `random_watches_match_etcd` draws them), named for the failure messages,
+/// with its record's template.
+fn draw(
+    rng: &mut Rng,
+    ks: &[Vec<u8>],
+    now: i64,
+    compacted: i64,
+    oldest: i64,
+    next_id: i64,
+    name: &str,
+) -> (Recorded, WatchOptions) {
+    let mut r = request(rng, ks, now, compacted);
+    if rng.chance(30) {
+        // The whole prefix: a watch that sees every write (and falls behind first).
+        (r.key, r.range_end) = (b"/q/".to_vec(), b"/q0".to_vec());
+    }
+    let anywhere = 1 + rng.below(now as u64) as i64;
+    let start = *rng.pick(&[0, 0, 0, compacted, oldest - 1, oldest, now, now + 1, anywhere]);
+    let mut o = WatchOptions::new().with_start_revision(start);
+    if !r.range_end.is_empty() {
+        o = o.with_range(r.range_end.clone());
+    }
+    let prev_kv = rng.chance(50);
+    if prev_kv {
+        o = o.with_prev_key();
+    }
+    let filter = match rng.below(6) {
+        0 => Some(WatchFilterType::NoPut),
+        1 => Some(WatchFilterType::NoDelete),
+        _ => None,
+    };
+    if let Some(f) = filter {
+        o = o.with_filters([f]);
+    }
+    // An id of the client's own now and then: a free one, one in use, one canceled before.
+    let id = if rng.chance(15) { 1 + rng.below(next_id as u64 + 2) as i64 } else { 0 };
+    if id > 0 {
+        o = o.with_watch_id(id);
+    }
+    let rec = Recorded {
+        name: format!(
+            "{name}: {:?}..{:?} from {start} prev_kv={prev_kv} filter={filter:?} id={id}",
+            String::from_utf8_lossy(&r.key),
+            String::from_utf8_lossy(&r.range_end),
+        ),
+        key: r.key,
+        range_end: r.range_end,
+        start_rev: start,
+        no_delete: filter == Some(WatchFilterType::NoDelete),
+        no_put: filter == Some(WatchFilterType::NoPut),
+        ..Default::default()
+    };
+    (rec, o)
+}
+
+/// Reads etcd's history on from the last revision `hist` holds (or from `compacted`) up to
+/// `until`.
+async fn extend_history(
+    direct: &mut etcd_client::Client,
+    hist: &mut Vec<Ev>,
+    compacted: i64,
+    until: i64,
+) {
+    let from = hist.last().map_or(compacted, |e| e.rev + 1);
+    if from <= until {
+        hist.extend(history_from(direct, from, until).await.into_iter().filter(|e| e.rev <= until));
+    }
+}
+
+/// `r`'s events as they can be compared with `other`'s (the same watch on the other side):
+/// - a watch from now was created concurrently with writes (its create is not waited for: its
+///   stream may be stalled), so each side's "now" may differ: the events after the later of
+///   the two are kept (`check` holds each side to etcd's history from its own);
+/// - etcd reads an event's previous value when it sends the event, and sends none once that
+///   revision is compacted: a watcher that was behind during a compaction loses previous values
+///   that a faster one got. Below `compacted`, previous values are left out of the comparison
+///   (`prev_kv_wrong` checks watchcache's against the history).
+fn comparable(r: &Recorded, other: &Recorded, compacted: i64) -> Recorded {
+    let compacted = compacted.saturating_add(1);
+    let from = if r.start_rev == 0 { r.created_rev.max(other.created_rev) } else { 0 };
+    let mut r = r.clone();
+    for x in r.responses.iter_mut() {
+        x.events.retain(|e| e.rev > from);
+        for e in x.events.iter_mut().filter(|e| e.rev < compacted) {
+            e.prev = None;
+        }
+    }
+    r
+}
+
+/// The previous values `w` got that differ from etcd's history, where the history holds the
+/// key's change before the event (one left out is checked by the comparison with etcd's above
+/// the compaction).
+fn prev_kv_wrong(hist: &[Ev], w: &Recorded) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in w.events().filter(|e| e.prev.is_some()) {
+        // The key's last change before the event, if the history goes back that far.
+        let Some(before) = hist.iter().rev().find(|h| h.key == e.key && h.rev < e.rev) else {
+            continue;
+        };
+        let want = (!before.delete).then(|| (before.value.clone(), before.rev));
+        if e.prev != want {
+            v.push(format!(
+                "{}: prev_kv of {:?}@{}: mod revision {:?}, etcd's history {:?}",
+                w.name,
+                String::from_utf8_lossy(&e.key),
+                e.rev,
+                e.prev.as_ref().map(|p| p.1),
+                want.map(|p| p.1)
+            ));
+        }
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_slow_readers_match_etcd() {
+    support::init_tracing();
+    let seeds = seeds();
+    let replay = seeds.len() == 1;
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        support::fixed_window(cfg, 40);
+        cfg.cache.grpc_credit = 16;
+        cfg.cache.grpc_queue = 32;
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let ks = keys();
+    let mut violations = Vec::new();
+    let (mut watches, mut stalls, mut cancels, mut compactions, mut events) = (0, 0, 0, 0, 0);
+    // Times a look at the metrics found a watcher behind its credit, replayed from the ring.
+    let mut lagged = 0;
+    let mut etcd_notes = Vec::new();
+    let mut compacted = 1;
+    let expired_before = env.cache_metric("watchcache_watch_expired_total", "").await;
+    let rejoins_before = env.cache_metric("watchcache_passthrough_rejoins_total", "").await;
+    for seed in seeds {
+        let mut rng = Rng::new(seed.wrapping_add(2000));
+        let lease = direct.lease_grant(600, None).await.expect("lease").id();
+        let mut now;
+        (now, compacted) =
+            write_and_compact(&env, [&mut direct, &mut cached], &mut rng, lease, 40, 20, compacted)
+                .await;
+        // etcd's history from here on, read up to the present before each compaction.
+        let mut hist: Vec<Ev> = Vec::new();
+        let conns = 1 + rng.below(2) as usize;
+        let lanes = 2 + rng.below(3) as usize;
+        let conn_of: Vec<usize> = (0..lanes).map(|_| rng.below(conns as u64) as usize).collect();
+        let oldest =
+            |env: &Env| env.server().caches()[0].status().oldest_servable.unwrap_or(1) as i64;
+        let mut sides: Vec<Vec<Lane>> = Vec::new();
+        let mut clients: Vec<Vec<Channel>> = Vec::new();
+        for ep in [env.etcd.endpoint(), env.grpc()] {
+            let mut cs = Vec::new();
+            for _ in 0..conns {
+                cs.push(connection(&ep).await);
+            }
+            clients.push(cs);
+            sides.push(Vec::new());
+        }
+        for (l, &c) in conn_of.iter().enumerate() {
+            let (rec, o) = draw(&mut rng, &ks, now, compacted, oldest(&env), 0, "");
+            for (s, side) in ["etcd", "watchcache"].into_iter().enumerate() {
+                let mut rec = rec.clone();
+                rec.name = format!("seed {seed} {side} stream {l} watch 0{}", rec.name);
+                let lane = Lane::open(&clients[s][c], rec, o.clone()).await;
+                sides[s].push(lane);
+            }
+        }
+        let mut stalled = vec![false; lanes];
+        for step in 0..60 {
+            let l = rng.below(lanes as u64) as usize;
+            match rng.below(20) {
+                0..=3 => {
+                    stalled[l] = !stalled[l];
+                    stalls += usize::from(stalled[l]);
+                    for side in &sides {
+                        side[l].stall(stalled[l]);
+                    }
+                }
+                4..=9 => {
+                    let pad = *rng.pick(&[0, 4 << 10, 32 << 10, 64 << 10, 128 << 10]);
+                    for i in 0..1 + rng.below(24) as usize {
+                        now = write(&mut direct, &mut rng, &ks, lease, step * 10 + i, pad).await;
+                    }
+                }
+                10..=12 => {
+                    let n = sides[0][l].creates;
+                    let (rec, o) = draw(&mut rng, &ks, now, compacted, oldest(&env), n, "");
+                    for (s, side) in ["etcd", "watchcache"].into_iter().enumerate() {
+                        let mut rec = rec.clone();
+                        rec.name = format!("seed {seed} {side} stream {l} watch {n}{}", rec.name);
+                        sides[s][l].create(rec, o.clone()).await;
+                    }
+                }
+                13..=14 => {
+                    let id = rng.below(sides[0][l].creates as u64 + 1) as i64;
+                    for side in sides.iter_mut() {
+                        side[l].cancel(id).await;
+                    }
+                    cancels += 1;
+                }
+                15..=16 => {
+                    for side in sides.iter_mut() {
+                        side[l].request_progress().await;
+                    }
+                }
+                17 if rng.chance(30) => {
+                    extend_history(&mut direct, &mut hist, compacted, now).await;
+                    compacted = compacted.max(now - rng.below(30) as i64);
+                    cached.compact(compacted, None).await.expect("compact");
+                    compactions += 1;
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(10 + rng.below(60))).await;
+                    let n = env.cache_metric("watchcache_lagging_watchers", "").await;
+                    lagged += usize::from(n > 0.0);
+                }
+            }
+        }
+        direct.lease_revoke(lease).await.expect("revoke");
+        let until = env.etcd_rev().await;
+        // Everyone reads again and asks once for progress; etcd's history is read up to `until`.
+        for side in sides.iter_mut() {
+            for lane in side.iter_mut() {
+                lane.stall(false);
+                lane.request_progress().await;
+            }
+        }
+        extend_history(&mut direct, &mut hist, compacted, until).await;
+        // etcd's watches are read until each has its last event of the history (etcd drops a
+        // progress request while a watch of the stream is behind, so it is asked again);
+        // watchcache's until each has seen `until`, which its one progress request must give.
+        let last_event = |r: &Recorded| {
+            let first = if r.start_rev > 0 { r.start_rev } else { r.created_rev + 1 };
+            hist.iter()
+                .filter(|e| e.rev >= first && in_range(&e.key, &r.key, &r.range_end))
+                .filter(|e| if e.delete { !r.no_delete } else { !r.no_put })
+                .map(|e| e.rev)
+                .max()
+                .unwrap_or(0)
+        };
+        for (s, side) in sides.iter_mut().enumerate() {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            let mut asked = tokio::time::Instant::now();
+            loop {
+                let done = side.iter().all(|lane| {
+                    let f = lane.filed.lock().expect("filed");
+                    f.error.is_some()
+                        || (f.creates.is_empty()
+                            && f.open.values().all(|&i| {
+                                let r = &f.recs[i];
+                                if s == 0 {
+                                    r.events().map(|e| e.rev).max().unwrap_or(0) >= last_event(r)
+                                } else {
+                                    r.last_rev() >= until
+                                }
+                            }))
+                });
+                if done || tokio::time::Instant::now() > deadline {
+                    break;
+                }
+                if s == 0 && asked.elapsed() > Duration::from_secs(1) {
+                    for lane in side.iter_mut() {
+                        lane.request_progress().await;
+                    }
+                    asked = tokio::time::Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        for (l, (dl, wl)) in sides[0].iter().zip(&sides[1]).enumerate() {
+            let (d, w) = (dl.filed.lock().expect("filed"), wl.filed.lock().expect("filed"));
+            if let Some(e) = &w.error {
+                violations.push(format!("seed {seed} stream {l} on watchcache: {e}"));
+            }
+            if d.ids != w.ids {
+                violations.push(format!(
+                    "seed {seed} stream {l}: watch ids {:?}, etcd {:?}",
+                    w.ids, d.ids
+                ));
+                continue;
+            }
+            if !w.strays.is_empty() || !d.strays.is_empty() {
+                violations.push(format!(
+                    "seed {seed} stream {l} on watchcache: {:?} (etcd: {:?})",
+                    w.strays, d.strays
+                ));
+            }
+            for (dr, wr) in d.recs.iter().zip(&w.recs) {
+                watches += 1;
+                events += dr.events().count();
+                let compacted_at = |r: &Recorded| r.canceled().map_or(0, |c| c.compact_rev);
+                let by_client = |r: &Recorded| r.canceled().is_some() && compacted_at(r) == 0;
+                // After a client's cancel, etcd sends the events still on their way without
+                // previous values (its cancel forgets the watch's prev_kv before the last
+                // events go out): a watch the client canceled is compared without them.
+                let upto = if by_client(dr) || by_client(wr) { i64::MAX } else { compacted };
+                let (dn, wn) = (&comparable(dr, wr, upto), &comparable(wr, dr, upto));
+                let (de, we): (Vec<_>, Vec<_>) = (dn.events().collect(), wn.events().collect());
+                if by_client(dr) || by_client(wr) || compacted_at(dr) > 0 || compacted_at(wr) > 0 {
+                    // Canceled: the events up to the cancel, which may come at another point.
+                    let n = de.len().min(we.len());
+                    if de[..n] != we[..n] {
+                        violations.extend(events_differ(dn, wn));
+                    }
+                } else {
+                    violations.extend(events_differ(dn, wn));
+                }
+                if wr.canceled().is_none() && wr.last_rev() < until {
+                    violations.push(format!("{}: stuck at {} < {until}", wr.name, wr.last_rev()));
+                }
+                // A compaction cancels a watch that still needs a compacted revision.
+                if compacted_at(wr) > 0 && we.last().is_some_and(|e| e.rev >= compacted_at(wr)) {
+                    violations.push(format!(
+                        "{}: canceled as compacted at {} after an event at {}",
+                        wr.name,
+                        compacted_at(wr),
+                        we.last().map_or(0, |e| e.rev)
+                    ));
+                }
+                violations.extend(check(&hist, wr));
+                violations.extend(prev_kv_wrong(&hist, wr));
+                // etcd's own answers against the same checks: printed, not failed on (they
+                // show what etcd itself does under these stalls).
+                etcd_notes.extend(check(&hist, dr));
+            }
+        }
+        for side in sides {
+            for lane in side {
+                lane.task.abort();
+            }
+        }
+    }
+    let expired = env.cache_metric("watchcache_watch_expired_total", "").await - expired_before;
+    let rejoins =
+        env.cache_metric("watchcache_passthrough_rejoins_total", "").await - rejoins_before;
+    for n in &etcd_notes {
+        eprintln!("etcd itself: {n}");
+    }
+    assert!(violations.is_empty(), "{} violations:\n{}", violations.len(), violations.join("\n"));
+    eprintln!(
+        "{watches} watches, {stalls} stalls, {cancels} cancels, {compactions} compactions, \
+         {events} events; {lagged} looks found lagging watchers, {expired} watchers fell out of \
+         the window, {rejoins} rejoined the cache"
+    );
+    assert!(replay || (watches >= 20 && stalls >= 5 && events >= 300));
+}
