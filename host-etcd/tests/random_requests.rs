@@ -28,7 +28,12 @@ use support::Env;
 
 /// The seeds: `WATCHCACHE_TEST_SEED` (`7`, or `3-40` for a sweep), else 1 to 3.
 pub(crate) fn seeds() -> Vec<u64> {
-    let Ok(v) = std::env::var("WATCHCACHE_TEST_SEED") else { return vec![1, 2, 3] };
+    seeds_or(3)
+}
+
+/// The seeds: `WATCHCACHE_TEST_SEED`, else 1 to `n`.
+pub(crate) fn seeds_or(n: u64) -> Vec<u64> {
+    let Ok(v) = std::env::var("WATCHCACHE_TEST_SEED") else { return (1..=n).collect() };
     let n = |x: &str| -> u64 { x.trim().parse().expect("WATCHCACHE_TEST_SEED: N or A-B") };
     match v.split_once('-') {
         Some((a, b)) => (n(a)..=n(b)).collect(),

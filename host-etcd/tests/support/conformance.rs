@@ -318,20 +318,36 @@ pub fn check(history: &[Ev], w: &Recorded) -> Vec<String> {
 
 /// Checks that `prev_kv` is right for every event (against the history).
 pub fn check_prev_kv(history: &[Ev], w: &Recorded) -> Vec<String> {
-    let mut v = Vec::new();
-    for e in w.events() {
-        let before = history.iter().rev().find(|h| h.key == e.key && h.rev < e.rev);
-        let want = before.filter(|h| !h.delete).map(|h| (h.value.clone(), h.rev));
-        if e.prev != want {
-            v.push(format!(
-                "{}: prev_kv of {:?}@{}: got {:?}, want {:?}",
-                w.name,
-                String::from_utf8_lossy(&e.key),
-                e.rev,
-                e.prev,
-                want
-            ));
-        }
-    }
-    v
+    w.events().filter_map(|e| prev_kv_violation(w, e, prev_in(history, e).flatten())).collect()
+}
+
+/// `check_prev_kv` for the previous values `w` was sent, where the history goes back to the
+/// key's change before the event (one left out is not checked).
+pub fn check_prev_kv_sent(history: &[Ev], w: &Recorded) -> Vec<String> {
+    w.events()
+        .filter(|e| e.prev.is_some())
+        .filter_map(|e| prev_kv_violation(w, e, prev_in(history, e)?))
+        .collect()
+}
+
+/// The previous value the history gives `e` (none after a delete); `None` when the history
+/// does not go back to the key's change before it.
+fn prev_in(history: &[Ev], e: &Ev) -> Option<Option<(Vec<u8>, i64)>> {
+    let before = history.iter().rev().find(|h| h.key == e.key && h.rev < e.rev)?;
+    Some((!before.delete).then(|| (before.value.clone(), before.rev)))
+}
+
+fn prev_kv_violation(w: &Recorded, e: &Ev, want: Option<(Vec<u8>, i64)>) -> Option<String> {
+    (e.prev != want).then(|| {
+        format!(
+            "{}: prev_kv of {:?}@{}: mod revision {:?} ({} bytes), want {:?} ({} bytes)",
+            w.name,
+            String::from_utf8_lossy(&e.key),
+            e.rev,
+            e.prev.as_ref().map(|p| p.1),
+            e.prev.as_ref().map_or(0, |p| p.0.len()),
+            want.as_ref().map(|p| p.1),
+            want.as_ref().map_or(0, |p| p.0.len()),
+        )
+    })
 }
