@@ -69,11 +69,24 @@ async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
             let mut s =
                 c.watch(key, Some(WatchOptions::new().with_prefix())).await.expect("stream");
             let m = s.message().await.expect("ok").expect("msg");
-            answers.push((m.created(), m.canceled(), m.cancel_reason().to_owned()));
+            answers.push((m.watch_id(), m.created(), m.canceled(), m.cancel_reason().to_owned()));
         }
         assert_eq!(answers[0], answers[1], "watch {key}");
-        assert_eq!(answers[1].1, !allowed, "watch {key}: {:?}", answers[1]);
+        assert_eq!(answers[1].2, !allowed, "watch {key}: {:?}", answers[1]);
     }
+    // On one stream, a refused create takes no id (etcd answers it with -1): the allowed create
+    // after it gets 0, and its events come under 0.
+    let mut ids = Vec::new();
+    for c in [&mut direct, &mut cached] {
+        let all = || Some(WatchOptions::new().with_prefix());
+        let mut s = c.watch("/b/", all()).await.expect("stream");
+        s.watch("/a/", all()).await.expect("create");
+        let refused = s.message().await.expect("ok").expect("msg");
+        let created = s.message().await.expect("ok").expect("msg");
+        ids.push((refused.watch_id(), refused.canceled(), created.watch_id(), created.canceled()));
+    }
+    assert_eq!(ids[0], (-1, true, 0, false), "etcd");
+    assert_eq!(ids[1], ids[0], "watchcache against etcd");
     // No credentials at all: refused as etcd refuses.
     let mut anon_direct = support::connect(&etcd.endpoint(), None).await;
     let mut anon_cached = support::connect(&grpc, None).await;
