@@ -45,6 +45,10 @@ use crate::cache::CacheStatus;
 use crate::convert::{FILTER_NODELETE, FILTER_NOPUT};
 use crate::keys::{etcd_range, range_within_prefix, watch_key_range};
 
+/// How many times a query asks its relays again for an answer below the caches' (at most a
+/// relay's earlier requests are still answered before its latest).
+const STALE_REASKS: u32 = 3;
+
 /// `mvcc.ErrWatcherDuplicateID`.
 pub const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 /// `mvcc.ErrEmptyWatcherRange`.
@@ -403,6 +407,12 @@ struct Query {
     blocked: bool,
     /// The watch set when the query started (a watch created since invalidates it).
     epoch: u64,
+    /// The highest revision a cache answered with: caches answer once they have reached
+    /// etcd's revision at the question (a fresh frontier), so no answer may be below it.
+    floor: u64,
+    /// Relays asked again for an answer below the floor. Bounded: a relay on an etcd member
+    /// that lags the cache's answers below it for good, and the stream is answered then.
+    reasked: u32,
 }
 
 /// One client watch stream. See the module docs.
@@ -1444,6 +1454,10 @@ impl WatchSession {
         for &relay in &relays {
             self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Progress { relay }));
         }
+        // No cached watch: a cache is asked all the same, for the floor (etcd's revision now).
+        if per_cache.is_empty() && !relays.is_empty() && !self.caches.is_empty() {
+            per_cache.insert(0, Vec::new());
+        }
         let mut caches = BTreeMap::new();
         for (cache, watches) in per_cache {
             let token = self.next_token();
@@ -1460,6 +1474,8 @@ impl WatchSession {
             frontiers: BTreeMap::new(),
             blocked,
             epoch: self.epoch,
+            floor: 0,
+            reasked: 0,
         });
         self.try_finish_query();
     }
@@ -1492,6 +1508,7 @@ impl WatchSession {
         if q.caches.remove(&token).is_none() {
             return;
         }
+        q.floor = q.floor.max(cache_rv);
         for (tag, ok) in caught_up {
             let id = self.by_tag.get(&tag).copied();
             let current = id.filter(|id| {
@@ -1518,6 +1535,29 @@ impl WatchSession {
     fn try_finish_query(&mut self) {
         let Some(q) = &self.query else { return };
         if !q.caches.is_empty() || !q.relays.is_empty() {
+            return;
+        }
+        // etcd answers progress requests with no id: a relay's answer below the floor is one
+        // etcd computed before this question (an earlier request's, still on its way). It is
+        // asked again, a few times at most.
+        let stale: Vec<(i64, RelayId)> = self
+            .watches
+            .iter()
+            .filter_map(|(id, w)| match w.source {
+                Source::Relay { relay } if q.frontiers.get(id).is_some_and(|f| *f < q.floor) => {
+                    Some((*id, relay))
+                }
+                _ => None,
+            })
+            .collect();
+        if !stale.is_empty() && q.reasked < STALE_REASKS {
+            let Some(q) = self.query.as_mut() else { return };
+            q.reasked += 1;
+            for (id, relay) in stale {
+                q.frontiers.remove(&id);
+                q.relays.insert(relay);
+                self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Progress { relay }));
+            }
             return;
         }
         let Some(q) = self.query.take() else { return };

@@ -158,6 +158,9 @@ struct FakeEtcd {
     up: bool,
     /// Whether progress requests are answered (etcd drops them while a watcher is unsynced).
     answers_progress: bool,
+    /// The next progress answer carries this revision (an answer etcd computed before the
+    /// request now asked, still on its way).
+    stale_progress: Option<u64>,
     compacted: u64,
     relays: BTreeMap<RelayId, (KeyRange, u64)>,
     inbox: VecDeque<(RelayId, RelayEvent)>,
@@ -169,6 +172,7 @@ impl FakeEtcd {
         FakeEtcd {
             up: true,
             answers_progress: true,
+            stale_progress: None,
             compacted: 0,
             relays: BTreeMap::new(),
             inbox: VecDeque::new(),
@@ -208,8 +212,9 @@ impl FakeEtcd {
             }
             UpstreamCmd::Progress { relay } => {
                 if self.answers_progress && self.relays.contains_key(&relay) {
+                    let rev = self.stale_progress.take().unwrap_or(h.rev);
                     self.inbox
-                        .push_back((relay, RelayEvent::Response(Box::new(resp(-1, h.rev, false)))));
+                        .push_back((relay, RelayEvent::Response(Box::new(resp(-1, rev, false)))));
                 }
             }
             UpstreamCmd::Close { relay } => {
@@ -1058,6 +1063,35 @@ fn fragments_cut_as_etcd_cuts_them() {
 /// the cache meanwhile (so that answer never comes): the request is still answered. Found by
 /// `random_multiplexed_watches_match_etcd` (seed 2): the stream's progress answers stopped
 /// for good.
+/// Found by `random_slow_readers` (seed 25): etcd answers progress requests with no id, so a
+/// relay's answer may be one etcd computed before the client asked (an earlier request's,
+/// still on its way). The stream's answer must not be below etcd's revision at the client's
+/// request: the caches' fresh frontier sets the floor, a relay's answer below it is asked
+/// again. With only relayed watches, a cache is asked for the floor alone.
+#[test]
+fn a_stale_relay_progress_answer_is_not_taken_for_the_clients_request() {
+    for cached_too in [false, true] {
+        let mut w = World::new(World::cfg());
+        if cached_too {
+            w.watch_prefix(0);
+        }
+        // Outside the cache's prefix: relayed.
+        w.create("/other", "", 0, 0);
+        w.pump();
+        w.take();
+        let rev = w.write(&["/registry/x"]);
+        w.pump();
+        w.take();
+        w.etcd.stale_progress = Some(rev - 1);
+        w.progress();
+        w.pump();
+        w.advance(1_000);
+        let progress: Vec<_> =
+            w.take().into_iter().filter(|s| matches!(s, Seen::Progress { .. })).collect();
+        assert_eq!(progress, vec![Seen::Progress { id: -1, rev }], "cached too: {cached_too}");
+    }
+}
+
 #[test]
 fn progress_is_answered_when_a_relay_it_waits_for_rejoins_the_cache() {
     let mut w = World::new(SessionConfig { rejoin_interval_ms: 100, ..World::cfg() });
