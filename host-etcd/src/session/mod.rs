@@ -442,6 +442,10 @@ pub struct WatchSession {
     outputs: VecDeque<SessionOutput>,
     /// A client asked for progress and has not been answered.
     progress_wanted: bool,
+    /// A client asked for progress again while a query was out: that query's frontiers are
+    /// older than the request, so a new query follows it (etcd answers at its revision when
+    /// it answers, never below a request's).
+    progress_again: bool,
     query: Option<Query>,
     progress_retry_at: Option<Timestamp>,
     /// The last `watch_id = -1` progress answer's revision.
@@ -481,6 +485,7 @@ impl WatchSession {
             announce: VecDeque::new(),
             outputs: VecDeque::new(),
             progress_wanted: false,
+            progress_again: false,
             query: None,
             progress_retry_at: None,
             stream_progress: 0,
@@ -563,6 +568,8 @@ impl WatchSession {
                 self.progress_wanted = true;
                 if self.query.is_none() {
                     self.start_query();
+                } else {
+                    self.progress_again = true;
                 }
             }
             // etcd ignores request types it does not know.
@@ -1436,6 +1443,8 @@ impl WatchSession {
     // ----- progress ---------------------------------------------------------------------------
 
     fn start_query(&mut self) {
+        // Every request so far is covered by this query's (fresh) frontiers.
+        self.progress_again = false;
         let mut per_cache: BTreeMap<usize, Vec<(WatchTag, RequestId)>> = BTreeMap::new();
         let mut relays = BTreeSet::new();
         let mut blocked = false;
@@ -1620,6 +1629,11 @@ impl WatchSession {
             PbWatchResponse { header: Some(header_at(rev)), watch_id: -1, ..Default::default() };
         // After every `created` already asked for, as etcd answers requests in order.
         self.announce.push_back(Announce::Ready(r));
+        if self.progress_again {
+            // A request came after this query began: it gets an answer of its own.
+            self.progress_wanted = true;
+            self.start_query();
+        }
     }
 
     fn progress_tick(&mut self) {
