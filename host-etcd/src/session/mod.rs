@@ -975,7 +975,7 @@ impl WatchSession {
                 canceled: true,
                 ..Default::default()
             };
-            return self.respond_now(r);
+            return self.respond_in_turn(r);
         }
         let Some(w) = self.watches.get_mut(&id) else { return };
         if !w.announced {
@@ -990,7 +990,7 @@ impl WatchSession {
             canceled: true,
             ..Default::default()
         };
-        self.respond_now(r);
+        self.respond_in_turn(r);
     }
 
     /// Ends a watch because its source ended it for good (etcd's compaction cancel): the client
@@ -1705,6 +1705,12 @@ impl WatchSession {
             .filter(|(_, c)| range_within_prefix(range, &c.prefix))
             .max_by_key(|(_, c)| c.prefix.len())
             .map(|(i, _)| i)
+    }
+
+    /// A control response (etcd's `ctrlStream`: the answer to a client's cancel): in request
+    /// order with the `created` responses still owed.
+    fn respond_in_turn(&mut self, r: PbWatchResponse) {
+        self.announce.push_back(Announce::Ready(r));
     }
 
     fn respond_now(&mut self, r: PbWatchResponse) {

@@ -587,6 +587,25 @@ fn a_refused_create_takes_no_id_and_the_next_requests_wait_for_its_outcome() {
     assert!(w.s.takes_requests());
 }
 
+/// etcd answers a client's cancel on the same control channel as its `created` responses, in
+/// request order: a cancel sent after a create is answered after that create's `created`.
+#[test]
+fn a_cancel_is_answered_after_the_created_of_a_create_sent_before_it() {
+    let mut w = World::new(World::cfg());
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    // Outside the prefix: its `created` waits for etcd's answer, not yet delivered.
+    w.create("/other", "", 0, 0);
+    w.cancel_id(0);
+    assert!(w.take().is_empty(), "the cancel's answer waits for the created before it");
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: 1, canceled: false }, Seen::Canceled { id: 0, compact: 0 }]
+    );
+}
+
 #[test]
 fn created_responses_come_in_request_order() {
     let mut w = World::new(World::cfg());
