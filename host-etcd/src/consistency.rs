@@ -113,8 +113,7 @@ pub async fn check_once(
     }
     drop(objects);
     let (start, end) = prefix_range(cache.prefix());
-    let mut kv =
-        upstream.client.kv_client().max_decoding_message_size(crate::config::MAX_RECEIVE_BYTES);
+    let mut kv = upstream.kv();
     let mut theirs = Digest::default();
     let mut key = start;
     loop {

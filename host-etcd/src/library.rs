@@ -545,7 +545,7 @@ impl Cache {
         if o.count_only {
             g = g.with_count_only();
         }
-        self.env.upstream.client.kv_client().get(key, Some(g)).await.map_err(Error::Etcd)
+        self.env.upstream.kv().get(key, Some(g)).await.map_err(Error::Etcd)
     }
 
     /// Asks every open watch stream for a progress notification (see

@@ -300,9 +300,18 @@ impl Upstream {
             .ok_or_else(|| Status::unimplemented("no raw channel to etcd in a library cache"))
     }
 
-    /// A gRPC client on the raw channel that takes responses as large as clientv3 does.
-    fn grpc(&self) -> Result<tonic::client::Grpc<Channel>, Status> {
-        Ok(tonic::client::Grpc::new(self.raw()?).max_decoding_message_size(MAX_RECEIVE_BYTES))
+    /// A gRPC client on the raw channel, ready, that takes responses as large as clientv3 does.
+    async fn grpc(&self) -> Result<tonic::client::Grpc<Channel>, Status> {
+        let mut grpc =
+            tonic::client::Grpc::new(self.raw()?).max_decoding_message_size(MAX_RECEIVE_BYTES);
+        grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
+        Ok(grpc)
+    }
+
+    /// A KV client of the cache's own connection that takes responses as large as clientv3
+    /// does (for reads that may be large: pass-through, the consistency check).
+    pub fn kv(&self) -> etcd_client::KvClient {
+        self.client.kv_client().max_decoding_message_size(MAX_RECEIVE_BYTES)
     }
 
     /// Forwards a unary call to etcd with the client's metadata.
@@ -316,8 +325,7 @@ impl Upstream {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = self.grpc()?;
-        grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
+        let mut grpc = self.grpc().await?;
         let req = with_metadata(metadata, message);
         grpc.unary(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
     }
@@ -333,8 +341,7 @@ impl Upstream {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = self.grpc()?;
-        grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
+        let mut grpc = self.grpc().await?;
         let req = with_metadata(metadata, message);
         grpc.server_streaming(
             req,
@@ -359,8 +366,7 @@ impl Upstream {
     {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         tx.try_send(first).map_err(|_| Status::internal("stream buffer"))?;
-        let mut grpc = self.grpc()?;
-        grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
+        let mut grpc = self.grpc().await?;
         let req = with_metadata(metadata, ReceiverStream::new(rx));
         let resp = grpc
             .streaming(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default())
