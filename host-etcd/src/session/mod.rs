@@ -969,13 +969,7 @@ impl WatchSession {
     fn client_cancel(&mut self, id: i64) {
         if self.ended.remove(&id) {
             // etcd's `watchStream.Cancel` finds the compacted watcher and answers.
-            let r = PbWatchResponse {
-                header: Some(header_at(self.best_rev)),
-                watch_id: id,
-                canceled: true,
-                ..Default::default()
-            };
-            return self.respond_in_turn(r);
+            return self.respond_in_turn(canceled_response(id, self.best_rev));
         }
         let Some(w) = self.watches.get_mut(&id) else { return };
         if !w.announced {
@@ -984,13 +978,7 @@ impl WatchSession {
         }
         let rev = self.best_rev.max(w.vouched);
         self.remove_watch(id);
-        let r = PbWatchResponse {
-            header: Some(header_at(rev)),
-            watch_id: id,
-            canceled: true,
-            ..Default::default()
-        };
-        self.respond_in_turn(r);
+        self.respond_in_turn(canceled_response(id, rev));
     }
 
     /// Ends a watch because its source ended it for good (etcd's compaction cancel): the client
@@ -1727,6 +1715,16 @@ impl WatchSession {
 }
 
 /// A header at `rev`; the host fills in etcd's cluster and member ids on the way out.
+/// etcd's answer to a client's cancel of watch `id`.
+fn canceled_response(id: i64, rev: u64) -> PbWatchResponse {
+    PbWatchResponse {
+        header: Some(header_at(rev)),
+        watch_id: id,
+        canceled: true,
+        ..Default::default()
+    }
+}
+
 fn header_at(rev: u64) -> PbResponseHeader {
     PbResponseHeader { revision: rev as i64, ..Default::default() }
 }
