@@ -387,6 +387,9 @@ struct Watch {
     periodic_due: bool,
     /// Failed relay attempts in a row.
     failures: u32,
+    /// The fragments of a relayed response whose last fragment has not come yet, and the relay
+    /// they came from.
+    fragments: Option<(RelayId, Vec<PbWatchResponse>)>,
 }
 
 enum Announce {
@@ -823,6 +826,7 @@ impl WatchSession {
             cancel_requested: false,
             auto_id: requested_id == 0,
             held: Vec::new(),
+            fragments: None,
             events_since_tick: false,
             periodic_due: false,
             failures: 0,
@@ -1019,6 +1023,7 @@ impl WatchSession {
     fn stop_source(&mut self, id: i64) {
         let Some(w) = self.watches.get_mut(&id) else { return };
         let old = std::mem::replace(&mut w.source, Source::Idle);
+        w.fragments = None;
         match old {
             Source::Cache { cache, tag, core } => {
                 self.by_tag.remove(&tag);
@@ -1344,26 +1349,44 @@ impl WatchSession {
             }
             return;
         }
-        // Events: never again what was delivered before (a new relay resumes after it).
-        let mut out = r;
-        let delivered = w.delivered;
-        out.events
-            .retain(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision.max(0) as u64 > delivered));
-        let last = out
-            .events
-            .iter()
-            .filter_map(|e| e.kv.as_ref())
-            .map(|kv| kv.mod_revision.max(0) as u64)
-            .max();
-        let Some(last) = last else { return };
-        if !out.fragment {
-            w.delivered = w.delivered.max(last);
+        // A fragment is held until the last of its response has come: etcd sends a response's
+        // fragments one after the other, and clientv3 merges them into one, dropping whatever
+        // else comes between (`watchGrpcStream.run`). They go out together; if the source
+        // changes before the last has come, the next one sends the response whole.
+        if r.fragment {
+            match &mut w.fragments {
+                Some((from, pieces)) if *from == relay => pieces.push(r),
+                _ => w.fragments = Some((relay, vec![r])),
+            }
+            return;
         }
+        let mut pieces = match w.fragments.take() {
+            Some((from, pieces)) if from == relay => pieces,
+            _ => Vec::new(),
+        };
+        pieces.push(r);
+        // Events: never again what was delivered before (a new relay resumes after it).
+        let delivered = w.delivered;
+        let rev_of = |e: &etcd_client::proto::PbEvent| {
+            e.kv.as_ref().map_or(0, |kv| kv.mod_revision.max(0) as u64)
+        };
+        for p in pieces.iter_mut() {
+            p.events.retain(|e| rev_of(e) > delivered);
+        }
+        pieces.retain(|p| !p.events.is_empty());
+        let Some(last) = pieces.iter().flat_map(|p| p.events.iter().map(rev_of)).max() else {
+            return;
+        };
+        w.delivered = w.delivered.max(last);
         w.vouched = w.vouched.max(last);
         w.events_since_tick = true;
         w.periodic_due = false;
-        out.watch_id = id;
-        self.respond_for(id, Response::Message(out));
+        let n = pieces.len();
+        for (i, mut out) in pieces.into_iter().enumerate() {
+            out.watch_id = id;
+            out.fragment = i + 1 < n;
+            self.respond_for(id, Response::Message(out));
+        }
     }
 
     fn on_relay_ended(
@@ -1375,6 +1398,7 @@ impl WatchSession {
     ) {
         self.by_relay.remove(&relay);
         let Some(w) = self.watches.get_mut(&id) else { return };
+        w.fragments = None;
         tracing::debug!(watch_id = id, ?error, unavailable, "relay ended");
         if !w.announced && w.created.is_none() && !unavailable {
             // etcd refused the create: its reason, as etcd's watch server would answer.

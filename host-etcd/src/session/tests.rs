@@ -295,6 +295,8 @@ struct World {
     deny: Option<String>,
     /// Permission checks held here (answered by the test) instead of answered at once.
     held_checks: Option<Vec<u64>>,
+    /// Every response as it went out, with its fragment flag.
+    wire: Vec<Wire>,
 }
 
 const PREFIX: &str = "/registry/";
@@ -318,6 +320,7 @@ impl World {
             notes: Vec::new(),
             deny: None,
             held_checks: None,
+            wire: Vec::new(),
         }
     }
 
@@ -329,7 +332,10 @@ impl World {
     fn outputs(&mut self) {
         while let Some(o) = self.s.poll_output() {
             match o {
-                SessionOutput::Respond(r) => self.seen.push(seen(r)),
+                SessionOutput::Respond(r) => {
+                    self.wire.push(wire_of(&r));
+                    self.seen.push(seen(r))
+                }
                 SessionOutput::Cache { cmd, .. } => self.cache.command(cmd, &self.h),
                 SessionOutput::Upstream(cmd) => self.etcd.command(cmd, &self.h),
                 SessionOutput::CheckPermission { token, .. } => match &mut self.held_checks {
@@ -380,6 +386,36 @@ impl World {
             cr.watch_id = id;
         }
         self.request(c.request_union.expect("set"));
+    }
+
+    /// A create with `fragment` set.
+    fn create_fragmented(&mut self, key: &str, end: &str, start: i64) {
+        let mut u = PbWatchRequestUnion::CreateRequest(Default::default());
+        if let PbWatchRequestUnion::CreateRequest(cr) = &mut u {
+            cr.key = key.as_bytes().to_vec();
+            cr.range_end = end.as_bytes().to_vec();
+            cr.start_revision = start;
+            cr.fragment = true;
+        }
+        self.request(u);
+    }
+
+    /// etcd's response to the session's only relay, with the events of revision `rev` under
+    /// `prefix`, from the `skip`th on, `take` of them, marked as a fragment or not.
+    fn relay_fragment(&mut self, rev: u64, prefix: &str, skip: usize, take: usize, fragment: bool) {
+        let relay = *self.etcd.relays.keys().next().expect("one relay");
+        let evs = &self.h.revisions.iter().find(|(r, _)| *r == rev).expect("revision").1;
+        let mut r = resp(0, rev, false);
+        r.events = evs
+            .iter()
+            .filter(|e| e.key().starts_with(prefix.as_bytes()))
+            .skip(skip)
+            .take(take)
+            .map(|e| pb_event(e, false))
+            .collect();
+        r.fragment = fragment;
+        self.s.handle_relay(self.now, relay, RelayEvent::Response(Box::new(r)));
+        self.outputs();
     }
 
     fn watch_prefix(&mut self, start: i64) {
@@ -438,6 +474,64 @@ impl World {
             .flatten()
             .collect()
     }
+}
+
+/// A response as it went out: enough to reassemble fragments as clientv3 does.
+#[derive(Clone, Debug)]
+struct Wire {
+    id: i64,
+    revs: Vec<u64>,
+    fragment: bool,
+    /// Created or canceled.
+    control: bool,
+}
+
+fn wire_of(r: &Response) -> Wire {
+    match r {
+        Response::Events(e) => Wire {
+            id: e.watch_id,
+            revs: e.picks.iter().filter_map(|i| e.run.event(i)).map(|ev| ev.rv()).collect(),
+            fragment: e.fragment,
+            control: false,
+        },
+        Response::Message(m) => Wire {
+            id: m.watch_id,
+            revs: m
+                .events
+                .iter()
+                .filter_map(|e| e.kv.as_ref())
+                .map(|kv| kv.mod_revision as u64)
+                .collect(),
+            fragment: m.fragment,
+            control: m.created || m.canceled,
+        },
+    }
+}
+
+/// Each watch's events as clientv3 hands them on (`watchGrpcStream.run`): a fragment opens a
+/// response that only the same watch's next responses are merged into, up to the one that is
+/// not a fragment. Any other response while one is open is an error here: clientv3 drops it
+/// (another watch's events, a progress notification) or the open fragments (a `created`).
+fn clientv3(wire: &[Wire]) -> Result<BTreeMap<i64, Vec<u64>>, String> {
+    let mut out: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut open: Option<(i64, Vec<u64>)> = None;
+    for (i, r) in wire.iter().enumerate() {
+        if let Some((id, revs)) = open.as_mut() {
+            if r.id != *id || r.control {
+                return Err(format!("response {i} {r:?} between the fragments of watch {id}'s"));
+            }
+            revs.extend(&r.revs);
+            if !r.fragment {
+                let (id, revs) = open.take().expect("open");
+                out.entry(id).or_default().extend(revs);
+            }
+        } else if r.fragment && !r.control {
+            open = Some((r.id, r.revs.clone()));
+        } else {
+            out.entry(r.id).or_default().extend(&r.revs);
+        }
+    }
+    Ok(out)
 }
 
 fn seen(r: Response) -> Seen {
@@ -1167,4 +1261,69 @@ fn progress_is_answered_when_a_relay_it_waits_for_rejoins_the_cache() {
         seen.iter().any(|s| matches!(s, Seen::Progress { id: -1, rev: 10 })),
         "the progress request is answered: {seen:?}"
     );
+}
+
+// ----- fragments of relayed responses ------------------------------------------------------------
+
+/// etcd sends a fragmented response's fragments one after the other (`sendFragments`, called
+/// from the stream's one send loop), and clientv3 relies on it: while a response is open it
+/// merges the same watch's next responses into it and drops any other. A relay hands etcd's
+/// fragments over one by one; a cached watch's events that came meanwhile must not go out
+/// between them.
+#[test]
+fn a_relayed_watchs_fragments_go_out_one_after_the_other() {
+    let mut w = World::new(World::cfg());
+    // Outside the cache's prefix: relayed (id 0); the prefix: cached (id 1).
+    w.create_fragmented("/other/", "/other0", 0);
+    w.watch_prefix(0);
+    w.pump();
+    w.take();
+    let rev = w.h.put(&["/other/a", "/other/b", "/other/c", "/registry/x"]);
+    w.etcd.catch_up(&w.h);
+    w.etcd.inbox.clear();
+    w.relay_fragment(rev, "/other/", 0, 1, true);
+    w.cache.catch_up(&w.h);
+    w.pump();
+    w.relay_fragment(rev, "/other/", 1, 2, false);
+    w.pump();
+    let got = clientv3(&w.wire).expect("clientv3 takes every response");
+    assert_eq!(got.get(&0), Some(&vec![rev, rev, rev]));
+    assert_eq!(got.get(&1), Some(&vec![rev]));
+}
+
+/// A relayed watch's source may change between the fragments of a response: its relay ends
+/// (etcd restarts) or it moves back onto the cache. The client holds the fragments that went
+/// out as the start of one response; what the next source sends must not repeat them.
+#[test]
+fn a_fragmented_response_cut_by_a_change_of_source_is_not_repeated() {
+    for rejoin in [false, true] {
+        let mut w = World::new(SessionConfig { rejoin_interval_ms: 100, ..World::cfg() });
+        let prefix = if rejoin { PREFIX } else { "/other/" };
+        if rejoin {
+            // Below the cache's window: relayed until it has caught up.
+            w.cache.oldest = 8;
+            w.create_fragmented(PREFIX, "/registry0", 3);
+        } else {
+            w.create_fragmented("/other/", "/other0", 0);
+        }
+        w.pump();
+        let rev = w.h.put(&[&format!("{prefix}a"), &format!("{prefix}b"), &format!("{prefix}c")]);
+        w.etcd.catch_up(&w.h);
+        w.etcd.inbox.clear();
+        w.cache.catch_up(&w.h);
+        w.pump();
+        w.relay_fragment(rev, prefix, 0, 1, true);
+        if rejoin {
+            w.advance(150);
+            assert!(w.notes.contains(&Note::Rejoined), "{:?}", w.notes);
+        } else {
+            w.etcd.go_down();
+            w.pump();
+            w.etcd.up = true;
+            w.advance(3_000);
+        }
+        let got = clientv3(&w.wire).expect("clientv3 takes every response");
+        let revs: Vec<u64> = got[&0].iter().copied().filter(|r| *r == rev).collect();
+        assert_eq!(revs, vec![rev, rev, rev], "rejoin: {rejoin}, {:?}", w.wire);
+    }
 }
