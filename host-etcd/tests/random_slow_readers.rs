@@ -13,6 +13,9 @@
 //! guarantees against its history (ordered, unique, complete, a revision never split, no
 //! progress notification ahead of an event still to come); no response for a watch that is not
 //! open; every stream's last progress request answered once its watches have caught up.
+//! Responses are taken as clientv3 takes them: a fragmented response's pieces merged, and
+//! nothing else allowed between them. A quarter of the watches ask for fragments, three in ten
+//! for periodic progress notifications (every 200 ms on both sides).
 //!
 //! `WATCHCACHE_TEST_SEED=<n>` replays one seed (`<a>-<b>`: a sweep); seeds run one after the
 //! other on one etcd, so a seed replays alike only after the same seeds before it. Whatever
@@ -36,6 +39,10 @@ use support::conformance::{
 use support::Env;
 use tonic::transport::Channel;
 
+/// etcd's `--watch-progress-notify-interval` and watchcache's, for watches created with
+/// `progress_notify`.
+const NOTIFY_INTERVAL: Duration = Duration::from_millis(200);
+
 /// What a stream's reader filed: each accepted watch's record (in the order the creates were
 /// answered), the ids the creates got, which watches are open, and responses for no open watch.
 #[derive(Default)]
@@ -55,6 +62,8 @@ struct Filed {
     partial: Option<PbWatchResponse>,
     /// Fragmented responses filed (merged).
     fragmented: usize,
+    /// Periodic progress notifications filed (a watch's own id, no events).
+    notified: usize,
 }
 
 impl Filed {
@@ -123,6 +132,7 @@ impl Filed {
         }
         match self.open.get(&r.watch_id) {
             Some(&i) => {
+                self.notified += usize::from(r.is_progress());
                 if r.canceled {
                     self.open.remove(&r.watch_id);
                     if r.compact_rev > 0 {
@@ -290,6 +300,11 @@ fn draw(
     if fragment {
         o = o.with_fragment();
     }
+    // Periodic progress notifications (every 200 ms on both sides).
+    let notify = rng.chance(30);
+    if notify {
+        o = o.with_progress_notify();
+    }
     // An id of the client's own now and then: a free one, one in use, one canceled before.
     let id = if rng.chance(15) { 1 + rng.below(next_id as u64 + 2) as i64 } else { 0 };
     if id > 0 {
@@ -298,7 +313,7 @@ fn draw(
     let rec = Recorded {
         name: format!(
             "{name}: {:?}..{:?} from {start} prev_kv={prev_kv} filter={filter:?} \
-             fragment={fragment} id={id}",
+             fragment={fragment} progress_notify={notify} id={id}",
             String::from_utf8_lossy(&r.key),
             String::from_utf8_lossy(&r.range_end),
         ),
@@ -354,8 +369,11 @@ async fn random_slow_readers_match_etcd() {
     // watch's id given out again (planted).
     let seeds = seeds_or(8);
     let replay = seeds.len() == 1;
-    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+    let etcd_opts =
+        EtcdOptions { progress_notify_interval: Some(NOTIFY_INTERVAL), ..EtcdOptions::default() };
+    let env = Env::start_with(etcd_opts, |cfg| {
         support::fixed_window(cfg, 40);
+        cfg.cache.progress_notify_interval = NOTIFY_INTERVAL;
         cfg.cache.grpc_credit = 16;
         cfg.cache.grpc_queue = 32;
     })
@@ -367,6 +385,7 @@ async fn random_slow_readers_match_etcd() {
     let (mut watches, mut stalls, mut cancels, mut compactions, mut events) = (0, 0, 0, 0, 0);
     // Fragmented responses, merged, on each side.
     let mut fragmented = [0, 0];
+    let mut notified = [0, 0];
     // Times a look at the metrics found a watcher behind its credit, replayed from the ring.
     let mut lagged = 0;
     let mut etcd_notes = Vec::new();
@@ -520,6 +539,8 @@ async fn random_slow_readers_match_etcd() {
             let (d, w) = (dl.filed.lock().expect("filed"), wl.filed.lock().expect("filed"));
             fragmented[0] += d.fragmented;
             fragmented[1] += w.fragmented;
+            notified[0] += d.notified;
+            notified[1] += w.notified;
             if let Some(e) = &w.error {
                 violations.push(format!("seed {seed} stream {l} on watchcache: {e}"));
             }
@@ -593,8 +614,8 @@ async fn random_slow_readers_match_etcd() {
         "{watches} watches, {stalls} stalls, {cancels} cancels, {compactions} compactions, \
          {events} events; {lagged} looks found lagging watchers, {expired} watchers fell out of \
          the window, {rejoins} rejoined the cache; fragmented responses: {} from etcd, {} from \
-         watchcache",
-        fragmented[0], fragmented[1]
+         watchcache; periodic progress notifications: {} from etcd, {} from watchcache",
+        fragmented[0], fragmented[1], notified[0], notified[1]
     );
     assert!(replay || (watches >= 20 && stalls >= 5 && events >= 300));
 }
