@@ -3,7 +3,9 @@
 //! revision when the watch breaks (etcd restarting), and a relist when etcd has compacted past
 //! it or the core asks. Objects' labels and fields are read once here, from JSON values'
 //! `metadata`. Its channel to the cache is bounded: while the cache is behind, the reflector
-//! stops reading etcd's watch stream, and HTTP/2 flow control slows etcd's sending.
+//! stops reading etcd's watch stream, and HTTP/2 flow control slows etcd's sending. Its watch
+//! requires a leader: when etcd ends it for want of one, the upstream is marked leaderless
+//! until a watch is created again ([`Upstream::no_leader`]).
 //!
 //! Kubernetes counterparts: `client-go/tools/cache/reflector.go` (`ListAndWatch`, the
 //! resume-from-last-RV rule, backoff) as the cacher drives it in `cacher.go` (`startCaching`),
@@ -21,7 +23,7 @@ use crate::cache::{ReflectorCtl, StorageMsg};
 use crate::config::ReflectorOptions;
 use crate::keys::prefix_range;
 use crate::metrics::HostMetrics;
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, NO_LEADER};
 
 /// Labels and the fields the core indexes and selects on, from a JSON object's `metadata`
 /// (and `spec.nodeName`); nothing for other values.
@@ -145,6 +147,7 @@ pub(crate) async fn run(
                 (rev, stream)
             }
             Err(e) => {
+                note_leader(&upstream, &e);
                 warn!(prefix = %name, error = %e, retry_in = ?backoff, "list failed");
                 if sleep_or_shutdown(backoff, &mut shutdown).await {
                     return;
@@ -182,6 +185,7 @@ pub(crate) async fn run(
                     continue 'relist;
                 }
                 WatchEnd::Broken(e) => {
+                    note_leader(&upstream, &e);
                     warn!(prefix = %name, error = %e, retry_in = ?backoff, next_revision = next, "upstream watch broke; re-watching");
                     if sleep_or_shutdown(backoff, &mut shutdown).await {
                         return;
@@ -190,6 +194,14 @@ pub(crate) async fn run(
                 }
             }
         }
+    }
+}
+
+/// etcd ended or refused the cache's require-leader watch because its member has no leader:
+/// the server's require-leader clients get the same answer until a watch is created again.
+fn note_leader(upstream: &Upstream, error: &str) {
+    if error.contains(NO_LEADER) {
+        upstream.set_no_leader(true);
     }
 }
 
@@ -281,6 +293,7 @@ async fn history(
         }
         if resp.created() {
             main_id = Some(resp.watch_id());
+            upstream.set_no_leader(false);
             continue;
         }
         if resp.events().is_empty() {
@@ -307,7 +320,9 @@ struct UpWatch {
     main_id: Option<i64>,
 }
 
-/// The reflector's watch of the prefix from `from`, with progress notify.
+/// The reflector's watch of the prefix from `from`, with progress notify and etcd's
+/// require-leader flag (as kube-apiserver's `watcher.go` asks for its watches: the member ends
+/// it after three election timeouts without a leader, which the reflector notes for the server).
 async fn open_watch(
     prefix: &[u8],
     upstream: &Upstream,
@@ -320,7 +335,7 @@ async fn open_watch(
         WatchOptions::new().with_range(end).with_start_revision(from as i64).with_progress_notify();
     metrics.count_upstream_request("watch");
     let mut client =
-        upstream.client.watch_client().max_decoding_message_size(opts.max_message_bytes);
+        upstream.watcher().watch_client().max_decoding_message_size(opts.max_message_bytes);
     let (tx, rx) = client.watch(key, Some(wopts)).await.map_err(|e| e.to_string())?.split();
     Ok(UpWatch { tx, rx, main_id: None })
 }
@@ -448,6 +463,8 @@ async fn watch_from(
                 }
                 if resp.created() {
                     main_id = Some(resp.watch_id());
+                    // etcd creates a require-leader watch only with a leader.
+                    upstream.set_no_leader(false);
                     continue;
                 }
                 if resp.events().is_empty() {

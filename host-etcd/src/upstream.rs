@@ -3,6 +3,13 @@
 //! forwards clients' requests with their own metadata (so etcd, not the cache, checks their
 //! credentials). A library cache built from an existing `etcd_client::Client` has no raw
 //! channel: its watches that etcd must serve go through that client.
+//!
+//! The cache's own watches go through a second client on the same channel that sets etcd's
+//! require-leader flag (`hasleader`, clientv3's `WithRequireLeader`): the etcd member ends them
+//! with `etcdserver: no leader` once it has had no leader for three election timeouts
+//! (`v3rpc/interceptor.go`, `monitorLeader`), and refuses them while it has none. The reflector
+//! notes that here ([`Upstream::no_leader`]), and the server answers its own clients'
+//! require-leader streams and cached reads as that member would.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +18,7 @@ use std::time::Duration;
 use etcd_client::proto::{PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use http::uri::PathAndQuery;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -50,9 +57,54 @@ pub struct Upstream {
     pub auth: bool,
     /// etcd's voting members as last read (0: not known yet); see [`Upstream::single_member`].
     voting_members: Arc<AtomicU32>,
+    /// The client for the cache's own watches: etcd's require-leader flag set (the same
+    /// channel as `client` in the server; `client` itself in a library cache).
+    watcher: etcd_client::Client,
+    /// etcd ended or refused the cache's require-leader watch for want of a leader, and no
+    /// watch has been created since.
+    no_leader: Arc<watch::Sender<bool>>,
 }
 
+/// Whether a call carries etcd's require-leader flag (`hasleader: true`, clientv3's
+/// `WithRequireLeader`; kube-apiserver sets it on its watches).
+pub fn requires_leader(md: &MetadataMap) -> bool {
+    md.get(REQUIRE_LEADER_KEY).is_some_and(|v| v == "true")
+}
+
+/// etcd's answer to a require-leader call on a member with no leader (`ErrGRPCNoLeader`).
+pub fn no_leader_status() -> Status {
+    Status::unavailable(NO_LEADER)
+}
+
+/// etcd's metadata key for the require-leader flag (`rpctypes.MetadataRequireLeaderKey`).
+const REQUIRE_LEADER_KEY: &str = "hasleader";
+
+/// etcd's message for `ErrGRPCNoLeader`.
+pub(crate) const NO_LEADER: &str = "etcdserver: no leader";
+
 impl Upstream {
+    /// The client for the cache's own watches (see the module's comment).
+    pub(crate) fn watcher(&self) -> &etcd_client::Client {
+        &self.watcher
+    }
+
+    /// Whether etcd has said that its member has no leader (it ended or refused the cache's
+    /// require-leader watch), with no watch created since.
+    pub fn no_leader(&self) -> bool {
+        *self.no_leader.borrow()
+    }
+
+    /// The reflector's finding: etcd ended or refused its watch for want of a leader (`true`),
+    /// or created one (`false`).
+    pub(crate) fn set_no_leader(&self, lost: bool) {
+        self.no_leader.send_if_modified(|v| std::mem::replace(v, lost) != lost);
+    }
+
+    /// [`Upstream::no_leader`] and its changes.
+    pub(crate) fn watch_no_leader(&self) -> watch::Receiver<bool> {
+        self.no_leader.subscribe()
+    }
+
     /// Connects (lazily for the raw channel; the client checks that etcd answers).
     pub async fn connect(cfg: &UpstreamConfig) -> Result<Upstream, String> {
         if cfg.endpoints.is_empty() {
@@ -85,7 +137,7 @@ impl Upstream {
         if let Some((u, p)) = &cfg.user {
             opts = opts.with_user(u.clone(), p.clone());
         }
-        let mut client = etcd_client::Client::connect(&urls, Some(opts))
+        let mut client = etcd_client::Client::connect(&urls, Some(opts.clone()))
             .await
             .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
         let mut endpoints = Vec::new();
@@ -101,6 +153,12 @@ impl Upstream {
             endpoints.push(ep);
         }
         let channel = Channel::balance_list(endpoints.into_iter());
+        let watcher = etcd_client::Client::from_channel(
+            etcd_client::Channel::Tonic(channel.clone()),
+            Some(opts.with_require_leader(true)),
+        )
+        .await
+        .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
         let status = client.status().await.map_err(|e| format!("etcd status: {e}"))?;
         let mut header = PbResponseHeader::default();
         if let Some(h) = status.header() {
@@ -115,6 +173,8 @@ impl Upstream {
             header: Arc::new(Mutex::new(header)),
             auth: cfg.user.is_some(),
             voting_members: Arc::default(),
+            watcher,
+            no_leader: Arc::new(watch::channel(false).0),
         })
     }
 
@@ -130,11 +190,13 @@ impl Upstream {
             header.revision = h.revision();
         }
         Ok(Upstream {
+            watcher: client.clone(),
             client,
             channel: None,
             header: Arc::new(Mutex::new(header)),
             auth: false,
             voting_members: Arc::default(),
+            no_leader: Arc::new(watch::channel(false).0),
         })
     }
 

@@ -12,6 +12,7 @@ mod faults;
 mod kube_http;
 mod latency;
 mod layers;
+mod leader;
 mod library;
 mod random_requests;
 mod random_slow_readers;

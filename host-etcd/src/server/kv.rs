@@ -20,7 +20,7 @@ use super::Ctx;
 use crate::keys::etcd_key_range;
 use crate::library::{range_from_cache, RangeQuery};
 use crate::session::driver::is_refusal;
-use crate::upstream::forwardable;
+use crate::upstream::{forwardable, no_leader_status, requires_leader};
 
 /// The axum route for `/etcdserverpb.KV/Range`.
 pub(crate) async fn range_route(
@@ -228,6 +228,11 @@ async fn from_cache(
     let cache = &ctx.caches()[c];
     if !cache.status().ready {
         return Ok(None);
+    }
+    // etcd refuses a require-leader call while its member has no leader (a read passed
+    // through gets that answer from etcd itself).
+    if requires_leader(md) && ctx.upstream().no_leader() {
+        return Err(no_leader_status());
     }
     if let Err(s) = ctx.auth.check(md, &r.key, &r.range_end).await {
         if is_refusal(&s) {

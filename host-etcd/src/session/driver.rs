@@ -41,7 +41,7 @@ use crate::cache::{CacheHandle, CacheStatus, EtcdWatchStart};
 use crate::clock::Clock;
 use crate::metrics::HostMetrics;
 use crate::queue;
-use crate::upstream::Upstream;
+use crate::upstream::{no_leader_status, requires_leader, Upstream};
 
 /// Decides whether a client may read a range (etcd auth), for cached watches.
 pub trait Permissions: Send + Sync + 'static {
@@ -144,6 +144,9 @@ pub struct SessionDriver<S> {
     statuses: Vec<watch::Receiver<CacheStatus>>,
     /// The host's shutdown signal, as its changes.
     shutdown: WatchStream<bool>,
+    /// For a client that requires a leader (etcd's `hasleader`): whether etcd's member has
+    /// none, and its changes.
+    leader: Option<WatchStream<bool>>,
     /// The session's next deadline, and its timer.
     timer: Option<(tokio::time::Instant, Pin<Box<tokio::time::Sleep>>)>,
     /// The status that ends the stream, once known (handed out after what is pending).
@@ -165,6 +168,7 @@ where
             .map(|c| CacheView { prefix: Arc::from(c.prefix()), status: c.status() })
             .collect();
         let session = WatchSession::new(env.config.clone(), views, env.clock.now());
+        let leader = requires_leader(&md).then(|| WatchStream::new(env.upstream.watch_no_leader()));
         let d = Driver {
             env: env.clone(),
             md,
@@ -193,6 +197,7 @@ where
             perm_rx: None,
             statuses,
             shutdown,
+            leader,
             timer: None,
             end: None,
             ended: false,
@@ -267,6 +272,19 @@ where
                 }
                 Poll::Ready(Some(false)) => continue,
                 Poll::Pending => {}
+            }
+            if let Some(leader) = self.leader.as_mut() {
+                match Pin::new(leader).poll_next(cx) {
+                    // etcd's member has no leader: the stream ends as etcd ends a
+                    // require-leader stream then (and refuses a new one).
+                    Poll::Ready(Some(true)) => {
+                        self.finish(no_leader_status());
+                        continue;
+                    }
+                    Poll::Ready(Some(false)) => continue,
+                    Poll::Ready(None) => self.leader = None,
+                    Poll::Pending => {}
+                }
             }
             // A request held behind an undecided create: the next is not read (as etcd's
             // recvLoop does not read while it checks a create), so the client is pushed back.
