@@ -4,9 +4,16 @@
 //! credentials). A library cache built from an existing `etcd_client::Client` has no raw
 //! channel: its watches that etcd must serve go through that client.
 //!
-//! The cache's own watches go through a second client on the same channel that sets etcd's
-//! require-leader flag (`hasleader`, clientv3's `WithRequireLeader`): the etcd member ends them
-//! with `etcdserver: no leader` once it has had no leader for three election timeouts
+//! Connections: the client's own (lists, quorum reads, probes); one for the reflectors' watches;
+//! one for calls passed through; one for relayed watches. None of them shares HTTP/2's
+//! connection-level flow control with another, and the raw channels' connection windows are
+//! as large as HTTP/2 allows, so that a client that stops reading holds up only its own streams
+//! (as on etcd, where each client has its own connection): a stalled relayed watch keeps at
+//! most its stream window ([`RELAY_STREAM_WINDOW`]) unread, and never the others' answers.
+//!
+//! The cache's own watches go through a client that sets etcd's require-leader flag
+//! (`hasleader`, clientv3's `WithRequireLeader`): the etcd member ends them with
+//! `etcdserver: no leader` once it has had no leader for three election timeouts
 //! (`v3rpc/interceptor.go`, `monitorLeader`), and refuses them while it has none. The reflector
 //! notes that here ([`Upstream::no_leader`]), and the server answers its own clients'
 //! require-leader streams and cached reads as that member would.
@@ -51,14 +58,17 @@ pub struct UpstreamConfig {
 pub struct Upstream {
     /// The cache's own client (authenticated as the configured user).
     pub client: etcd_client::Client,
+    /// Calls passed through.
     channel: Option<Channel>,
+    /// Relayed watches.
+    relays: Option<Channel>,
     header: Arc<Mutex<PbResponseHeader>>,
     /// Whether etcd has auth enabled (so cached reads check the client's permissions).
     pub auth: bool,
     /// etcd's voting members as last read (0: not known yet); see [`Upstream::single_member`].
     voting_members: Arc<AtomicU32>,
-    /// The client for the cache's own watches: etcd's require-leader flag set (the same
-    /// channel as `client` in the server; `client` itself in a library cache).
+    /// The client for the cache's own watches: etcd's require-leader flag set, on a connection
+    /// of its own (`client` itself in a library cache).
     watcher: etcd_client::Client,
     /// etcd ended or refused the cache's require-leader watch for want of a leader, and no
     /// watch has been created since.
@@ -75,6 +85,14 @@ pub fn requires_leader(md: &MetadataMap) -> bool {
 pub fn no_leader_status() -> Status {
     Status::unavailable(NO_LEADER)
 }
+
+/// The largest HTTP/2 window (2^31 - 1): the raw channels' connection windows, so that only
+/// stream windows hold a sender back.
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+/// The stream window of a relayed watch: what etcd may send it that it has not read yet (its
+/// client has stopped reading); etcd holds the rest back, as it would for that client.
+pub const RELAY_STREAM_WINDOW: u32 = 256 << 10;
 
 /// etcd's metadata key for the require-leader flag (`rpctypes.MetadataRequireLeaderKey`).
 const REQUIRE_LEADER_KEY: &str = "hasleader";
@@ -146,19 +164,20 @@ impl Upstream {
                 .map_err(|e| format!("bad etcd endpoint {u}: {e}"))?
                 .connect_timeout(Duration::from_secs(5))
                 .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_while_idle(true);
+                .keep_alive_while_idle(true)
+                .initial_connection_window_size(MAX_WINDOW);
             if let Some(c) = &tls_cfg {
                 ep = ep.tls_config(c.clone()).map_err(|e| format!("etcd TLS: {e}"))?;
             }
             endpoints.push(ep);
         }
+        let relays = Channel::balance_list(
+            endpoints.iter().map(|e| e.clone().initial_stream_window_size(RELAY_STREAM_WINDOW)),
+        );
         let channel = Channel::balance_list(endpoints.into_iter());
-        let watcher = etcd_client::Client::from_channel(
-            etcd_client::Channel::Tonic(channel.clone()),
-            Some(opts.with_require_leader(true)),
-        )
-        .await
-        .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
+        let watcher = etcd_client::Client::connect(&urls, Some(opts.with_require_leader(true)))
+            .await
+            .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
         let status = client.status().await.map_err(|e| format!("etcd status: {e}"))?;
         let mut header = PbResponseHeader::default();
         if let Some(h) = status.header() {
@@ -170,6 +189,7 @@ impl Upstream {
         Ok(Upstream {
             client,
             channel: Some(channel),
+            relays: Some(relays),
             header: Arc::new(Mutex::new(header)),
             auth: cfg.user.is_some(),
             voting_members: Arc::default(),
@@ -193,6 +213,7 @@ impl Upstream {
             watcher: client.clone(),
             client,
             channel: None,
+            relays: None,
             header: Arc::new(Mutex::new(header)),
             auth: false,
             voting_members: Arc::default(),
@@ -207,15 +228,15 @@ impl Upstream {
         metadata: &MetadataMap,
         create: PbWatchRequest,
     ) -> Result<(UpWatchTx, UpWatchRx), Status> {
-        if self.channel.is_some() {
-            let (tx, rx) = self
-                .streaming::<PbWatchRequest, PbWatchResponse>(
-                    "/etcdserverpb.Watch/Watch",
-                    metadata,
-                    16,
-                    create,
-                )
-                .await?;
+        if let Some(relays) = &self.relays {
+            let (tx, rx) = streaming_on::<PbWatchRequest, PbWatchResponse>(
+                relays.clone(),
+                "/etcdserverpb.Watch/Watch",
+                metadata,
+                16,
+                create,
+            )
+            .await?;
             return Ok((UpWatchTx::Raw(tx), UpWatchRx::Raw(rx)));
         }
         let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union else {
@@ -364,10 +385,7 @@ impl Upstream {
 
     /// A gRPC client on the raw channel, ready, that takes responses as large as clientv3 does.
     async fn grpc(&self) -> Result<tonic::client::Grpc<Channel>, Status> {
-        let mut grpc =
-            tonic::client::Grpc::new(self.raw()?).max_decoding_message_size(MAX_RECEIVE_BYTES);
-        grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
-        Ok(grpc)
+        grpc_on(self.raw()?).await
     }
 
     /// A KV client of the cache's own connection that takes responses as large as clientv3
@@ -426,15 +444,38 @@ impl Upstream {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        tx.try_send(first).map_err(|_| Status::internal("stream buffer"))?;
-        let mut grpc = self.grpc().await?;
-        let req = with_metadata(metadata, ReceiverStream::new(rx));
-        let resp = grpc
-            .streaming(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default())
-            .await?;
-        Ok((tx, resp.into_inner()))
+        streaming_on(self.raw()?, path, metadata, capacity, first).await
     }
+}
+
+/// A gRPC client on `channel`, ready, that takes responses as large as clientv3 does.
+async fn grpc_on(channel: Channel) -> Result<tonic::client::Grpc<Channel>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RECEIVE_BYTES);
+    grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
+    Ok(grpc)
+}
+
+/// A bidirectional stream on `channel` with the client's metadata (see
+/// [`Upstream::streaming`]).
+async fn streaming_on<Req, Resp>(
+    channel: Channel,
+    path: &'static str,
+    metadata: &MetadataMap,
+    capacity: usize,
+    first: Req,
+) -> Result<(mpsc::Sender<Req>, Streaming<Resp>), Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    tx.try_send(first).map_err(|_| Status::internal("stream buffer"))?;
+    let mut grpc = grpc_on(channel).await?;
+    let req = with_metadata(metadata, ReceiverStream::new(rx));
+    let resp = grpc
+        .streaming(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default())
+        .await?;
+    Ok((tx, resp.into_inner()))
 }
 
 /// Metadata a client sent that etcd needs to see (its token, require-leader, ...), without

@@ -364,10 +364,20 @@ fn comparable(r: &Recorded, other: &Recorded, compacted: i64) -> Recorded {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_slow_readers_match_etcd() {
-    support::init_tracing();
     // Eight seeds by default (about 15 s): seeds 8 and 13 are the first to catch a compacted
     // watch's id given out again (planted).
-    let seeds = seeds_or(8);
+    slow_readers(seeds_or(8), None).await;
+}
+
+/// The same over two caches, `/q/a/` and `/q/k/`: a stream's watches are served by either,
+/// and those over `/q/` (three in ten) by etcd, through relays, from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_slow_readers_over_two_caches_match_etcd() {
+    slow_readers(seeds_or(4), Some(vec![b"/q/a/".to_vec(), b"/q/k/".to_vec()])).await;
+}
+
+async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
+    support::init_tracing();
     let replay = seeds.len() == 1;
     let etcd_opts =
         EtcdOptions { progress_notify_interval: Some(NOTIFY_INTERVAL), ..EtcdOptions::default() };
@@ -376,6 +386,9 @@ async fn random_slow_readers_match_etcd() {
         cfg.cache.progress_notify_interval = NOTIFY_INTERVAL;
         cfg.cache.grpc_credit = 16;
         cfg.cache.grpc_queue = 32;
+        if let Some(p) = prefixes {
+            cfg.prefixes = p;
+        }
     })
     .await;
     let mut direct = env.direct().await;
@@ -657,5 +670,57 @@ fn filing_merges_fragments_and_flags_a_response_between_them() {
             let r = &f.recs[0].responses[1];
             assert_eq!(r.events.iter().map(|e| e.rev).collect::<Vec<_>>(), vec![5, 6, 6, 7]);
         }
+    }
+}
+
+/// Watches etcd serves through relays share watchcache's connections to etcd, as calls passed
+/// through do. A client that stops reading its relayed watches must hold up only those (on
+/// etcd each client has its own connection): found by `random_slow_readers_over_two_caches`
+/// (seed 2), where a compaction passed through waited for ever behind stalled relays that had
+/// used up the connection's HTTP/2 window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_relayed_watches_hold_up_no_one_elses_calls() {
+    let env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.prefixes = vec![b"/c/".to_vec()];
+    })
+    .await;
+    // Four streams of a client that stops reading, each with a watch outside the cached prefix
+    // (relayed).
+    let ch = connection(&env.grpc()).await;
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let rec = Recorded { name: "stalled".into(), key: b"/r/".to_vec(), ..Default::default() };
+        let lane = Lane::open(&ch, rec, WatchOptions::new().with_range("/r0")).await;
+        lane.stall(true);
+        stalled.push(lane);
+    }
+    // 25 MiB for each of them: more than the client's, the sessions' and HTTP/2's windows take.
+    let mut direct = env.direct().await;
+    let value = vec![b'v'; 256 << 10];
+    for i in 0..100 {
+        direct.put(format!("/r/{i}"), value.clone(), None).await.expect("put");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another client's calls passed through, and its own relayed watch, are not held up.
+    let mut other = env.cached().await;
+    let mut watch =
+        other.watch("/r/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+    let first = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
+    assert!(matches!(&first, Ok(Ok(Some(m))) if m.created()), "created: {first:?}");
+    let put = tokio::time::timeout(Duration::from_secs(5), other.put("/r/x", "1", None)).await;
+    let put = put.expect("a put passed through within 5 s").expect("put");
+    let rev = put.header().expect("header").revision();
+    let got = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
+    let revs: Vec<i64> = match &got {
+        Ok(Ok(Some(m))) => {
+            m.events().iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).collect()
+        }
+        _ => Vec::new(),
+    };
+    assert_eq!(revs, vec![rev], "the other client's relayed watch: {got:?}");
+    let compact = tokio::time::timeout(Duration::from_secs(5), other.compact(rev, None)).await;
+    assert!(matches!(compact, Ok(Ok(_))), "a compaction passed through within 5 s: {compact:?}");
+    for lane in stalled {
+        lane.task.abort();
     }
 }

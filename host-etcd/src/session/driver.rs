@@ -77,6 +77,9 @@ pub struct SessionEnv {
     pub shutdown: watch::Receiver<bool>,
 }
 
+/// Relayed responses a session's relays may have sent it that it has not taken yet.
+const RELAYED_AHEAD: usize = 8;
+
 /// Responses the driver holds for the client before it stops taking relayed input...
 const PENDING_ITEMS: usize = 64;
 /// ...and their bytes (a response larger than this still goes, alone).
@@ -447,7 +450,9 @@ impl Driver {
         if let Some(tx) = &self.relay_tx {
             return tx.clone();
         }
-        let (tx, rx) = mpsc::channel(64);
+        // A few responses ahead at most: each may be as large as etcd makes it (a catch-up
+        // of up to 1 000 revisions), and a client that stops reading stops its relays here.
+        let (tx, rx) = mpsc::channel(RELAYED_AHEAD);
         self.relay_tx = Some(tx.clone());
         self.new_relay_rx = Some(rx);
         tx
