@@ -488,23 +488,27 @@ struct Wire {
 
 fn wire_of(r: &Response) -> Wire {
     match r {
-        Response::Events(e) => Wire {
-            id: e.watch_id,
-            revs: e.picks.iter().filter_map(|i| e.run.event(i)).map(|ev| ev.rv()).collect(),
-            fragment: e.fragment,
-            control: false,
-        },
+        Response::Events(e) => {
+            Wire { id: e.watch_id, revs: revs(r), fragment: e.fragment, control: false }
+        }
         Response::Message(m) => Wire {
             id: m.watch_id,
-            revs: m
-                .events
-                .iter()
-                .filter_map(|e| e.kv.as_ref())
-                .map(|kv| kv.mod_revision as u64)
-                .collect(),
+            revs: revs(r),
             fragment: m.fragment,
             control: m.created || m.canceled,
         },
+    }
+}
+
+/// The revisions of a response's events, in order.
+fn revs(r: &Response) -> Vec<u64> {
+    match r {
+        Response::Events(e) => {
+            e.picks.iter().filter_map(|i| e.run.event(i)).map(|ev| ev.rv()).collect()
+        }
+        Response::Message(m) => {
+            m.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision as u64).collect()
+        }
     }
 }
 
@@ -535,11 +539,9 @@ fn clientv3(wire: &[Wire]) -> Result<BTreeMap<i64, Vec<u64>>, String> {
 }
 
 fn seen(r: Response) -> Seen {
+    let revs = revs(&r);
     match r {
-        Response::Events(e) => Seen::Events {
-            id: e.watch_id,
-            revs: e.picks.iter().filter_map(|i| e.run.event(i)).map(|ev| ev.rv()).collect(),
-        },
+        Response::Events(e) => Seen::Events { id: e.watch_id, revs },
         Response::Message(m) if m.created => Seen::Created { id: m.watch_id, canceled: m.canceled },
         Response::Message(m) if m.canceled => {
             Seen::Canceled { id: m.watch_id, compact: m.compact_revision }
@@ -547,15 +549,7 @@ fn seen(r: Response) -> Seen {
         Response::Message(m) if m.events.is_empty() => {
             Seen::Progress { id: m.watch_id, rev: m.header.map_or(0, |h| h.revision as u64) }
         }
-        Response::Message(m) => Seen::Events {
-            id: m.watch_id,
-            revs: m
-                .events
-                .iter()
-                .filter_map(|e| e.kv.as_ref())
-                .map(|kv| kv.mod_revision as u64)
-                .collect(),
-        },
+        Response::Message(m) => Seen::Events { id: m.watch_id, revs },
     }
 }
 
