@@ -147,7 +147,17 @@ pub(crate) async fn run(
                 (rev, stream)
             }
             Err(e) => {
+                // A member without a leader times a list out rather than saying so: ask it
+                // with the require-leader flag.
+                if !e.contains(NO_LEADER) {
+                    if let Err(p) = leader_probe(&upstream, &prefix).await {
+                        note_leader(&upstream, &p);
+                    }
+                }
                 note_leader(&upstream, &e);
+                if upstream.no_leader() {
+                    backoff = opts.backoff_min;
+                }
                 warn!(prefix = %name, error = %e, retry_in = ?backoff, "list failed");
                 if sleep_or_shutdown(backoff, &mut shutdown).await {
                     return;
@@ -186,6 +196,11 @@ pub(crate) async fn run(
                 }
                 WatchEnd::Broken(e) => {
                     note_leader(&upstream, &e);
+                    if upstream.no_leader() {
+                        // Retried at the shortest interval: etcd refuses a require-leader watch
+                        // at once while it has no leader, and its return should be seen soon.
+                        backoff = opts.backoff_min;
+                    }
                     warn!(prefix = %name, error = %e, retry_in = ?backoff, next_revision = next, "upstream watch broke; re-watching");
                     if sleep_or_shutdown(backoff, &mut shutdown).await {
                         return;
@@ -195,6 +210,14 @@ pub(crate) async fn run(
             }
         }
     }
+}
+
+/// A read of one key with etcd's require-leader flag: a member without a leader refuses it at
+/// once with `etcdserver: no leader`.
+async fn leader_probe(upstream: &Upstream, prefix: &[u8]) -> Result<(), String> {
+    let opts = GetOptions::new().with_count_only().with_serializable();
+    let mut kv = upstream.watcher().kv_client();
+    kv.get(crate::keys::probe_key(prefix), Some(opts)).await.map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// etcd ended or refused the cache's require-leader watch because its member has no leader:

@@ -6,8 +6,8 @@
 //!
 //! Connections: the client's own (lists, quorum reads, probes); one for the reflectors' watches;
 //! one for calls passed through; one for relayed watches. None of them shares HTTP/2's
-//! connection-level flow control with another, and the raw channels' connection windows are
-//! as large as HTTP/2 allows, so that a client that stops reading holds up only its own streams
+//! connection-level flow control with another, and the last three have connection windows as
+//! large as HTTP/2 allows, so that a client that stops reading holds up only its own streams
 //! (as on etcd, where each client has its own connection): a stalled relayed watch keeps at
 //! most its stream window ([`RELAY_STREAM_WINDOW`]) unread, and never the others' answers.
 //!
@@ -174,10 +174,16 @@ impl Upstream {
         let relays = Channel::balance_list(
             endpoints.iter().map(|e| e.clone().initial_stream_window_size(RELAY_STREAM_WINDOW)),
         );
+        // The caches' watches: each reflector stops reading while its cache is behind, so
+        // the connection window must not let one hold up the others either.
+        let watches = Channel::balance_list(endpoints.iter().cloned());
         let channel = Channel::balance_list(endpoints.into_iter());
-        let watcher = etcd_client::Client::connect(&urls, Some(opts.with_require_leader(true)))
-            .await
-            .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
+        let watcher = etcd_client::Client::from_channel(
+            etcd_client::Channel::Tonic(watches),
+            Some(opts.with_require_leader(true)),
+        )
+        .await
+        .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
         let status = client.status().await.map_err(|e| format!("etcd status: {e}"))?;
         let mut header = PbResponseHeader::default();
         if let Some(h) = status.header() {

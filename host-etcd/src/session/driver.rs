@@ -41,7 +41,7 @@ use crate::cache::{CacheHandle, CacheStatus, EtcdWatchStart};
 use crate::clock::Clock;
 use crate::metrics::HostMetrics;
 use crate::queue;
-use crate::upstream::{no_leader_status, requires_leader, Upstream};
+use crate::upstream::{no_leader_status, requires_leader, Upstream, NO_LEADER};
 
 /// Decides whether a client may read a range (etcd auth), for cached watches.
 pub trait Permissions: Send + Sync + 'static {
@@ -332,6 +332,15 @@ where
                 if let Some(Poll::Ready(Some((relay, ev)))) =
                     self.relay_rx.as_mut().map(|rx| rx.poll_recv(cx))
                 {
+                    // etcd ended a relay of a require-leader client for want of a leader: the
+                    // client's stream ends as etcd's own would (the caches may not know yet:
+                    // their reflectors may be on another member).
+                    let leaderless = matches!(&ev, RelayEvent::Ended { error: Some(e), .. }
+                        if e.contains(NO_LEADER));
+                    if leaderless && self.leader.is_some() {
+                        self.finish(no_leader_status());
+                        continue;
+                    }
                     refresh(&mut self.session, &mut self.statuses);
                     self.session.handle_relay(now(), relay, ev);
                     continue;
