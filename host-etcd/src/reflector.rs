@@ -147,17 +147,14 @@ pub(crate) async fn run(
                 (rev, stream)
             }
             Err(e) => {
-                // A member without a leader times a list out rather than saying so: ask it
-                // with the require-leader flag.
-                if !e.contains(NO_LEADER) {
-                    if let Err(p) = leader_probe(&upstream, &prefix).await {
-                        note_leader(&upstream, &p);
-                    }
-                }
-                note_leader(&upstream, &e);
-                if upstream.no_leader() {
-                    backoff = opts.backoff_min;
-                }
+                // A member without a leader times a list out rather than saying so: it is
+                // asked with the require-leader flag.
+                let leader_error = if e.contains(NO_LEADER) {
+                    e.clone()
+                } else {
+                    leader_probe(&upstream, &prefix).await.err().unwrap_or_default()
+                };
+                note_leader(&upstream, &leader_error, &mut backoff, &opts);
                 warn!(prefix = %name, error = %e, retry_in = ?backoff, "list failed");
                 if sleep_or_shutdown(backoff, &mut shutdown).await {
                     return;
@@ -195,12 +192,7 @@ pub(crate) async fn run(
                     continue 'relist;
                 }
                 WatchEnd::Broken(e) => {
-                    note_leader(&upstream, &e);
-                    if upstream.no_leader() {
-                        // Retried at the shortest interval: etcd refuses a require-leader watch
-                        // at once while it has no leader, and its return should be seen soon.
-                        backoff = opts.backoff_min;
-                    }
+                    note_leader(&upstream, &e, &mut backoff, &opts);
                     warn!(prefix = %name, error = %e, retry_in = ?backoff, next_revision = next, "upstream watch broke; re-watching");
                     if sleep_or_shutdown(backoff, &mut shutdown).await {
                         return;
@@ -220,11 +212,16 @@ async fn leader_probe(upstream: &Upstream, prefix: &[u8]) -> Result<(), String> 
     kv.get(crate::keys::probe_key(prefix), Some(opts)).await.map(|_| ()).map_err(|e| e.to_string())
 }
 
-/// etcd ended or refused the cache's require-leader watch because its member has no leader:
-/// the server's require-leader clients get the same answer until a watch is created again.
-fn note_leader(upstream: &Upstream, error: &str) {
+/// etcd ended or refused the cache's require-leader watch (or read) because its member has no
+/// leader: the server's require-leader clients get the same answer until a watch is created
+/// again, and the reflector tries again at its shortest interval (etcd refuses at once while
+/// it has no leader, and the leader's return should be seen soon).
+fn note_leader(upstream: &Upstream, error: &str, backoff: &mut Duration, opts: &ReflectorOptions) {
     if error.contains(NO_LEADER) {
         upstream.set_no_leader(true);
+    }
+    if upstream.no_leader() {
+        *backoff = opts.backoff_min;
     }
 }
 

@@ -234,15 +234,8 @@ impl Upstream {
         metadata: &MetadataMap,
         create: PbWatchRequest,
     ) -> Result<(UpWatchTx, UpWatchRx), Status> {
-        if let Some(relays) = &self.relays {
-            let (tx, rx) = streaming_on::<PbWatchRequest, PbWatchResponse>(
-                relays.clone(),
-                "/etcdserverpb.Watch/Watch",
-                metadata,
-                16,
-                create,
-            )
-            .await?;
+        if self.relays.is_some() {
+            let (tx, rx) = self.relay_watch(metadata, 16, create).await?;
             return Ok((UpWatchTx::Raw(tx), UpWatchRx::Raw(rx)));
         }
         let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union else {
@@ -437,20 +430,26 @@ impl Upstream {
         .await
     }
 
-    /// Opens a bidirectional stream to etcd with the client's metadata, sending `first` at
-    /// once (etcd answers the stream's headers only with its first response).
-    pub async fn streaming<Req, Resp>(
+    /// Opens a watch stream to etcd on the relays' connection with the client's metadata,
+    /// sending `create` at once (etcd answers the stream's headers only with its first
+    /// response); `capacity` requests may wait to be sent.
+    pub(crate) async fn relay_watch(
         &self,
-        path: &'static str,
         metadata: &MetadataMap,
         capacity: usize,
-        first: Req,
-    ) -> Result<(mpsc::Sender<Req>, Streaming<Resp>), Status>
-    where
-        Req: prost::Message + Send + Sync + 'static,
-        Resp: prost::Message + Default + Send + Sync + 'static,
-    {
-        streaming_on(self.raw()?, path, metadata, capacity, first).await
+        create: PbWatchRequest,
+    ) -> Result<(mpsc::Sender<PbWatchRequest>, Streaming<PbWatchResponse>), Status> {
+        let relays = self
+            .relays
+            .clone()
+            .ok_or_else(|| Status::unimplemented("no raw channel to etcd in a library cache"))?;
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        tx.try_send(create).map_err(|_| Status::internal("stream buffer"))?;
+        let mut grpc = grpc_on(relays).await?;
+        let req = with_metadata(metadata, ReceiverStream::new(rx));
+        let path = PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+        let resp = grpc.streaming(req, path, tonic_prost::ProstCodec::default()).await?;
+        Ok((tx, resp.into_inner()))
     }
 }
 
@@ -459,29 +458,6 @@ async fn grpc_on(channel: Channel) -> Result<tonic::client::Grpc<Channel>, Statu
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RECEIVE_BYTES);
     grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
     Ok(grpc)
-}
-
-/// A bidirectional stream on `channel` with the client's metadata (see
-/// [`Upstream::streaming`]).
-async fn streaming_on<Req, Resp>(
-    channel: Channel,
-    path: &'static str,
-    metadata: &MetadataMap,
-    capacity: usize,
-    first: Req,
-) -> Result<(mpsc::Sender<Req>, Streaming<Resp>), Status>
-where
-    Req: prost::Message + Send + Sync + 'static,
-    Resp: prost::Message + Default + Send + Sync + 'static,
-{
-    let (tx, rx) = mpsc::channel(capacity.max(1));
-    tx.try_send(first).map_err(|_| Status::internal("stream buffer"))?;
-    let mut grpc = grpc_on(channel).await?;
-    let req = with_metadata(metadata, ReceiverStream::new(rx));
-    let resp = grpc
-        .streaming(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default())
-        .await?;
-    Ok((tx, resp.into_inner()))
 }
 
 /// Metadata a client sent that etcd needs to see (its token, require-leader, ...), without

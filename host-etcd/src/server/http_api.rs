@@ -545,7 +545,7 @@ impl Drop for CancelOnDrop {
 /// A watch the cacher sends to storage: etcd's watch from the given revision, with selector
 /// transitions as the etcd3 watcher computes them.
 async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Response {
-    use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+    use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion};
     let (key, end) = etcd_range(&req.range);
     let start = match req.rv {
         RvParam::At(n) => n as i64 + 1,
@@ -562,10 +562,7 @@ async fn storage_watch(ctx: Arc<Ctx>, md: MetadataMap, req: WatchRequest) -> Res
         c.prev_kv = true;
         c.progress_notify = req.allow_bookmarks;
     }
-    let opened = ctx
-        .upstream()
-        .streaming::<PbWatchRequest, PbWatchResponse>("/etcdserverpb.Watch/Watch", &md, 4, create)
-        .await;
+    let opened = ctx.upstream().relay_watch(&md, 4, create).await;
     let (up_tx, mut stream) = match opened {
         Ok(x) => x,
         Err(s) => return error_response(&etcd_status(&s)),

@@ -1640,7 +1640,7 @@ impl WatchSession {
         let r =
             PbWatchResponse { header: Some(header_at(rev)), watch_id: -1, ..Default::default() };
         // After every `created` already asked for, as etcd answers requests in order.
-        self.announce.push_back(Announce::Ready(r));
+        self.respond_in_turn(r);
         if self.progress_again {
             // A request came after this query began: it gets an answer of its own.
             self.progress_wanted = true;
@@ -1719,8 +1719,8 @@ impl WatchSession {
             .map(|(i, _)| i)
     }
 
-    /// A control response (etcd's `ctrlStream`: the answer to a client's cancel): in request
-    /// order with the `created` responses still owed.
+    /// A response that keeps its place among the `created` responses still owed (etcd's
+    /// `ctrlStream`: the answer to a client's cancel, a requested progress notification).
     fn respond_in_turn(&mut self, r: PbWatchResponse) {
         self.announce.push_back(Announce::Ready(r));
     }
@@ -1738,7 +1738,6 @@ impl WatchSession {
     }
 }
 
-/// A header at `rev`; the host fills in etcd's cluster and member ids on the way out.
 /// etcd's answer to a client's cancel of watch `id`.
 fn canceled_response(id: i64, rev: u64) -> PbWatchResponse {
     PbWatchResponse {
@@ -1749,6 +1748,7 @@ fn canceled_response(id: i64, rev: u64) -> PbWatchResponse {
     }
 }
 
+/// A header at `rev`; the host fills in etcd's cluster and member ids on the way out.
 fn header_at(rev: u64) -> PbResponseHeader {
     PbResponseHeader { revision: rev as i64, ..Default::default() }
 }
