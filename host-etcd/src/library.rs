@@ -455,7 +455,10 @@ impl Cache {
     /// Watches `keys` with etcd's semantics: the stream yields etcd's `WatchResponse`s
     /// (whole revisions per response, `prev_kv` when asked, progress notifications when asked
     /// and after [`WatchStream::request_progress`]); a compacted start revision ends it with
-    /// [`Error::Compacted`].
+    /// [`Error::Compacted`]. A watch from before the cache's window is served by etcd over the
+    /// client's connection; a stream left unread for 100 ms while etcd has more for it ends
+    /// that etcd watch, and takes it up again after its last revision delivered when it is
+    /// read again, so that it holds up neither the client's other calls nor the cache.
     pub async fn watch(&self, keys: Keys, options: WatchOptions) -> Result<WatchStream, Error> {
         self.check_prefix(&keys)?;
         let (key, range_end) = keys.etcd();

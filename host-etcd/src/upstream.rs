@@ -280,6 +280,12 @@ impl Upstream {
         Ok((UpWatchTx::Client(tx), UpWatchRx::Client(rx)))
     }
 
+    /// Whether relayed watches share their HTTP/2 connection with other calls (a library cache
+    /// built on its user's client); the server gives them a connection of their own.
+    pub(crate) fn relays_share_a_connection(&self) -> bool {
+        self.relays.is_none()
+    }
+
     /// A response header for `revision` with etcd's cluster and member ids.
     pub fn header(&self, revision: i64) -> PbResponseHeader {
         let h = self.header.lock().map(|h| *h).unwrap_or_default();

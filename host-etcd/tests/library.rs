@@ -389,3 +389,75 @@ async fn the_examples_run() {
         assert!(text.contains(expect), "{name}: {text}");
     }
 }
+
+/// A library user who stops reading relayed watches (watches from before the cache's window,
+/// which etcd serves) holds up neither the cache nor their own client's other calls: on etcd
+/// each watch stream's unread responses stay within that stream's HTTP/2 window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_relayed_watches_hold_up_neither_the_cache_nor_other_calls() {
+    let mut config = CacheConfig::default();
+    config.core.capacity = 8;
+    config.core.lower_bound_capacity = 8;
+    config.core.upper_bound_capacity = 8;
+    config.core.dynamic_capacity = false;
+    let (_etcd, mut client, cache, _txn, _last) = setup("/foo/", config).await;
+    for i in 0..10 {
+        client.put(format!("/foo/old/{i}"), "x", None).await.expect("put");
+    }
+    // Four watches from before the cache's 8-event window (so etcd serves them), read up to
+    // their `created` and then left.
+    let mut unread = Vec::new();
+    for _ in 0..4 {
+        let s = cache
+            .watch(Keys::prefix("/foo/"), WatchOptions::new().with_start_revision(3))
+            .await
+            .expect("watch");
+        unread.push(s);
+    }
+    assert!(cache.upstream_requests("watch") >= 5, "the old watches went to etcd");
+    // 25 MiB for each, one response per revision: more than the session's, the client's and
+    // HTTP/2's windows take.
+    let value = vec![b'v'; 256 << 10];
+    for i in 0..100 {
+        let put = client.put(format!("/foo/big/{i}"), value.clone(), None);
+        tokio::time::timeout(Duration::from_secs(5), put)
+            .await
+            .expect("the client's own put within 5 s")
+            .expect("put");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = client.get("/foo/", None).await.expect("get").header().expect("h").revision();
+    let mut fresh = cache
+        .watch(Keys::prefix("/foo/small/"), WatchOptions::new().with_start_revision(now + 1))
+        .await
+        .expect("watch");
+    let put = tokio::time::timeout(Duration::from_secs(5), client.put("/foo/small/x", "1", None))
+        .await
+        .expect("the client's own put within 5 s")
+        .expect("put");
+    let rev = put.header().expect("h").revision();
+    let got = tokio::time::timeout(Duration::from_secs(5), fresh.next())
+        .await
+        .expect("the cache's watcher gets the put within 5 s")
+        .expect("open")
+        .expect("ok");
+    let revs: Vec<i64> =
+        got.events().iter().filter_map(|e| e.kv()).map(|k| k.mod_revision()).collect();
+    assert_eq!(revs, vec![rev]);
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        cache.get(Keys::key("/foo/small/x"), GetOptions::default()),
+    )
+    .await
+    .expect("a consistent read from the cache within 5 s")
+    .expect("get");
+    assert_eq!(read.kvs().len(), 1);
+    // Read again, each old watch gets etcd's events from revision 3 on, once each.
+    let want = etcd_events(&mut client, &Keys::prefix("/foo/"), 3, rev, false).await;
+    for (i, s) in unread.iter_mut().enumerate() {
+        let got = cache_events(s, rev).await;
+        assert_eq!(got.len(), want.len(), "watch {i}");
+        assert!(got == want, "watch {i}: the events differ from etcd's");
+    }
+    assert!(cache.upstream_requests("watch") >= 9, "the unread watches paused their relays");
+}

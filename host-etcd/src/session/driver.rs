@@ -80,6 +80,11 @@ pub struct SessionEnv {
 /// Relayed responses a session's relays may have sent it that it has not taken yet.
 const RELAYED_AHEAD: usize = 8;
 
+/// How long a relay on a shared connection waits for room in the session before it pauses
+/// (`RelayEvent::Paused`): a reader that is reading makes room sooner, and the connection's
+/// other calls are held up no longer than this.
+const RELAY_PAUSE_AFTER: Duration = Duration::from_millis(100);
+
 /// Responses the driver holds for the client before it stops taking relayed input...
 const PENDING_ITEMS: usize = 64;
 /// ...and their bytes (a response larger than this still goes, alone).
@@ -665,7 +670,13 @@ async fn run_relay(
             return;
         }
     };
-    let _gauge = UpstreamWatchGauge::open(&metrics);
+    let gauge = UpstreamWatchGauge::open(&metrics);
+    // On a connection that other calls share (a library cache's, over its user's client), a
+    // relay does not leave etcd's responses unread in the connection's window while the session
+    // is behind: it ends its etcd watch and the session takes the watch up later (see
+    // `RelayEvent::Paused`). On the server's relays' connection, a stalled relay holds only its
+    // own stream's window, as a slow client of etcd does.
+    let pause_when_full = upstream.relays_share_a_connection();
     loop {
         tokio::select! {
             c = ctl.recv() => match c {
@@ -686,6 +697,25 @@ async fn run_relay(
                     Err(s) => RelayEvent::Ended { error: Some(go_status_string(&s)), unavailable: !is_refusal(&s) },
                 };
                 let end = matches!(ev, RelayEvent::Ended { .. });
+                if pause_when_full && !end {
+                    match tokio::time::timeout(RELAY_PAUSE_AFTER, tx.reserve()).await {
+                        Ok(Ok(permit)) => {
+                            permit.send((id, ev));
+                            continue;
+                        }
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            // The etcd watch ends here (its stream is reset, and what etcd
+                            // sent into it is released); the response in hand goes over once
+                            // the session has room, then the pause.
+                            drop((stream, up_tx, gauge));
+                            if tx.send((id, ev)).await.is_ok() {
+                                let _ = tx.send((id, RelayEvent::Paused)).await;
+                            }
+                            return;
+                        }
+                    }
+                }
                 if tx.send((id, ev)).await.is_err() || end {
                     return;
                 }

@@ -123,6 +123,12 @@ pub enum RelayEvent {
         /// True if etcd could not be reached (try again later); false if etcd refused.
         unavailable: bool,
     },
+    /// The relay stopped reading etcd because the session was behind, and ended its etcd watch
+    /// (a relay on a connection other calls share: its unread responses would otherwise fill
+    /// the connection's HTTP/2 window and hold up every call on it). Every response before this
+    /// one was handed over; what etcd sent after them is gone. The session takes the watch up
+    /// again after the last revision it delivered.
+    Paused,
 }
 
 /// A permission decision for a cached watch.
@@ -626,6 +632,7 @@ impl WatchSession {
             RelayEvent::Ended { error, unavailable } => {
                 self.on_relay_ended(id, relay, error, unavailable)
             }
+            RelayEvent::Paused => self.on_relay_paused(id, relay),
         }
         self.take_requests();
     }
@@ -1417,6 +1424,24 @@ impl WatchSession {
             }
         }
         self.backoff(id);
+        self.try_finish_query();
+    }
+
+    /// A relay that stopped for the session's sake is no failure of etcd's: the watch is taken
+    /// up at once after its last revision delivered (on its cache if the window holds it).
+    fn on_relay_paused(&mut self, id: i64, relay: RelayId) {
+        self.by_relay.remove(&relay);
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        w.fragments = None;
+        tracing::debug!(watch_id = id, delivered = w.delivered, "relay paused");
+        w.source = Source::Waiting { until: self.now };
+        if let Some(q) = self.query.as_mut() {
+            if q.relays.remove(&relay) {
+                q.blocked = true;
+            }
+        }
+        self.invalidate_query(id);
+        self.resume(id);
         self.try_finish_query();
     }
 

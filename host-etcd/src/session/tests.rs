@@ -1321,3 +1321,45 @@ fn a_fragmented_response_cut_by_a_change_of_source_is_not_repeated() {
         assert_eq!(revs, vec![rev, rev, rev], "rejoin: {rejoin}, {:?}", w.wire);
     }
 }
+
+// ----- a relay that pauses ----------------------------------------------------------------------
+
+/// A relay on a connection that other calls share stops reading etcd when the session is
+/// behind (its unread responses would otherwise fill the connection's HTTP/2 window and stall
+/// every call on it): its etcd watch ends, and what etcd had sent past the responses handed
+/// over is gone with it. The session takes the watch up at once after the last revision it
+/// delivered: every revision once, no second `created`, no backoff.
+#[test]
+fn a_paused_relay_is_taken_up_after_the_last_revision_delivered() {
+    let mut w = World::new(World::cfg());
+    // Nothing from the cache: etcd serves the watch throughout.
+    w.cache.oldest = 100;
+    w.watch_prefix(2);
+    while let Some(m) = w.cache.inbox.pop_front() {
+        w.s.handle_cache(w.now, m);
+        w.outputs();
+    }
+    // etcd answered the create and sent revisions 2..=10; the session takes the created and
+    // three revisions, then the relay pauses.
+    let first: Vec<(RelayId, RelayEvent)> = w.etcd.inbox.drain(..).collect();
+    assert_eq!(first.len(), 10, "created and revisions 2..=10");
+    let relay = first[0].0;
+    for (r, ev) in first.into_iter().take(4) {
+        w.s.handle_relay(w.now, r, ev);
+        w.outputs();
+    }
+    w.etcd.relays.remove(&relay);
+    w.s.handle_relay(w.now, relay, RelayEvent::Paused);
+    w.pump();
+    let seen = w.take();
+    assert_eq!(World::revs_of(&seen, 0), (2..=10).collect::<Vec<u64>>(), "{seen:?}");
+    assert_eq!(w.etcd.opened, 2, "one more watch on etcd");
+    // Later revisions come once, from the new relay.
+    let a = w.write(&["/registry/x"]);
+    let b = w.write(&["/registry/y"]);
+    w.pump();
+    let later = w.take();
+    assert_eq!(World::revs_of(&later, 0), vec![a, b]);
+    let created = seen.iter().chain(&later).filter(|s| matches!(s, Seen::Created { .. })).count();
+    assert_eq!(created, 1, "one created: {seen:?}");
+}
