@@ -41,6 +41,10 @@ pub struct CacheConfig {
     /// come sooner after a send are gathered and go together at the end of it (at most this
     /// much later). 0 sends after every wake-up of the cache.
     pub delivery_coalesce: Duration,
+    /// etcd's `--max-request-bytes` (1.5 MiB by default): set it to the etcd cluster's own, so
+    /// that watches created with `fragment` are cut where etcd cuts them (at this plus etcd's
+    /// 512 KiB gRPC allowance) and RangeStream chunks are as large as etcd's.
+    pub max_request_bytes: usize,
 }
 
 /// Where the current revision of a linearizable read comes from.
@@ -80,9 +84,18 @@ impl Default for CacheConfig {
             create_wait: Duration::from_secs(5),
             freshness: Freshness::Auto,
             delivery_coalesce: Duration::from_millis(5),
+            max_request_bytes: ETCD_MAX_REQUEST_BYTES,
         }
     }
 }
+
+/// etcd's default `--max-request-bytes` (`embed.DefaultMaxRequestBytes`, 1.5 MiB).
+pub const ETCD_MAX_REQUEST_BYTES: usize = 1536 << 10;
+
+/// What etcd allows on top of `--max-request-bytes` for gRPC's own framing
+/// (`grpcOverheadBytes`): etcd's watch server fragments at the sum
+/// (`MaxRequestBytesWithOverhead`).
+pub const ETCD_GRPC_OVERHEAD_BYTES: usize = 512 << 10;
 
 /// The core's configuration for `profile` as the host runs it: Kubernetes' mechanisms, with two
 /// of the core's switches set for an etcd cache — a watcher whose queue is full does not stall
@@ -106,6 +119,9 @@ impl CacheConfig {
             return Err(
                 "--grpc-credit, --grpc-queue and the Kubernetes credit must be at least 1".into()
             );
+        }
+        if self.max_request_bytes == 0 {
+            return Err("--max-request-bytes: at least 1 (etcd's own must be above 0)".into());
         }
         if self.progress_notify_interval < Duration::from_millis(100) {
             return Err("--progress-notify-interval: at least 100ms (etcd's minimum)".into());

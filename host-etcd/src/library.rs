@@ -307,6 +307,9 @@ pub(crate) fn session_config(config: &CacheConfig, check_permissions: bool) -> S
         rejoin_interval_ms: (config.rejoin_interval.as_millis() as u64).max(10),
         create_wait_ms: config.create_wait.as_millis() as u64,
         credit_batch: (config.grpc_credit / 4).max(1),
+        fragment_bytes: config
+            .max_request_bytes
+            .saturating_add(crate::config::ETCD_GRPC_OVERHEAD_BYTES),
         check_permissions,
         ..SessionConfig::default()
     }

@@ -115,6 +115,11 @@ struct ServeArgs {
     /// 0ms sends every revision as soon as the cache has it.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     delivery_coalesce: std::time::Duration,
+    /// etcd's `--max-request-bytes` (the etcd cluster's own; etcd's default 1 572 864): a watch
+    /// created with `fragment` is cut where etcd would cut it, and RangeStream's chunks are as
+    /// large as etcd's.
+    #[arg(long, default_value_t = host_etcd::config::ETCD_MAX_REQUEST_BYTES)]
+    max_request_bytes: usize,
     /// Idle watches that asked for progress notify get one this often (etcd: 10m).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     progress_notify_interval: std::time::Duration,
@@ -185,6 +190,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     cfg.prefixes = a.prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.cache.progress_notify_interval = a.progress_notify_interval;
     cfg.cache.delivery_coalesce = a.delivery_coalesce;
+    cfg.cache.max_request_bytes = a.max_request_bytes;
     cfg.cache.reflector.backfill_revisions = a.backfill_revisions;
     cfg.cache.freshness = host_etcd::config::Freshness::parse(&a.freshness)?;
     cfg.auth_cache_ttl = a.auth_cache_ttl;

@@ -7,7 +7,6 @@ use crate::support;
 
 use std::time::Duration;
 
-use etcd_client::proto::PbWatchResponse;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchFilterType, WatchOptions,
@@ -393,7 +392,6 @@ async fn a_passed_through_watch_takes_etcd_responses_of_any_size() {
 /// first marked as a fragment; at 1 MiB each (2 000 000 bytes) they stay one, from both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fragmented_watch_responses_are_etcds() {
-    use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion};
     let env = Env::start().await;
     let mut direct = env.direct().await;
     // Values of 500 KiB: two events with their previous values, 2 000 000 bytes, one response;
@@ -410,56 +408,8 @@ async fn fragmented_watch_responses_are_etcds() {
         env.wait_cache_rev(rev).await;
         let mut got = Vec::new();
         for ep in [env.etcd.endpoint(), env.grpc()] {
-            let ch = support::grpc_channel(&ep).await;
-            let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
-            grpc.ready().await.expect("ready");
-            let mut create = PbWatchRequest {
-                request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
-            };
-            if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
-                (c.key, c.range_end) =
-                    (prefix.clone().into_bytes(), format!("/f{kib}0").into_bytes());
-                (c.start_revision, c.prev_kv, c.fragment) = (rev, true, true);
-            }
-            let (tx, rx) = tokio::sync::mpsc::channel(1);
-            tx.send(create).await.expect("send");
-            let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
-            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
-            let resp = grpc
-                .streaming(
-                    tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
-                    path,
-                    codec,
-                )
-                .await
-                .expect("watch");
-            let mut s = resp.into_inner();
-            let mut shapes = Vec::new();
-            let mut events = 0;
-            while events < 2 {
-                let m = tokio::time::timeout(T, s.message()).await.expect("in time").expect("ok");
-                let m = m.expect("a response");
-                if m.created {
-                    continue;
-                }
-                events += m.events.len();
-                let keys: Vec<_> = m
-                    .events
-                    .iter()
-                    .map(|e| {
-                        let kv = e.kv.clone().unwrap_or_default();
-                        let prev = e.prev_kv.clone().unwrap_or_default();
-                        (
-                            String::from_utf8_lossy(&kv.key).into_owned(),
-                            kv.mod_revision,
-                            prev.value.len(),
-                        )
-                    })
-                    .collect();
-                shapes.push((m.fragment, keys));
-            }
-            drop(tx);
-            got.push(shapes);
+            let end = format!("/f{kib}0");
+            got.push(support::fragment_shapes(&ep, &prefix, &end, rev, 2).await);
         }
         assert_eq!(got[0].len(), responses, "{kib} KiB: etcd's responses: {:?}", got[0]);
         if responses == 2 {

@@ -565,3 +565,59 @@ async fn under_load_events_are_gathered_for_the_hold_and_a_lone_event_goes_at_on
         t.elapsed()
     );
 }
+
+/// With etcd's `--max-request-bytes` given to watchcache too, a watch created with `fragment`
+/// is cut where etcd cuts it and RangeStream's chunks are etcd's; a watchcache left at etcd's
+/// default answers both differently (one response, fewer chunks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_request_bytes_sets_fragments_and_chunks_as_etcds() {
+    const LIMIT: usize = 64 << 10;
+    let opts = EtcdOptions {
+        extra_args: vec![format!("--max-request-bytes={LIMIT}")],
+        ..Default::default()
+    };
+    let env = Env::start_with(opts, |cfg| cfg.cache.max_request_bytes = LIMIT).await;
+    let default = host_etcd::Server::start(support::test_config(&env.etcd))
+        .await
+        .expect("a second watchcache, at etcd's default");
+    assert!(default.wait_ready(Duration::from_secs(10)).await, "ready");
+    let targets = [env.etcd.endpoint(), env.grpc(), default.grpc_addr().to_string()];
+    let mut direct = env.direct().await;
+    // Forty values of 20 KiB (each put below the limit)...
+    let value = vec![b'm'; 20 << 10];
+    for i in 0..40 {
+        direct.put(format!("/m/{i:02}"), value.clone(), None).await.expect("put");
+    }
+    // ...read as a RangeStream (linearizable: each cache waits until it has them all)...
+    let req =
+        PbRangeRequest { key: b"/m/".to_vec(), range_end: b"/m0".to_vec(), ..Default::default() };
+    let mut chunks = Vec::new();
+    for t in &targets {
+        let got = range_stream(t, &req).await.expect("RangeStream");
+        let sizes: Vec<usize> =
+            got.iter().map(|c| c.range_response.as_ref().map_or(0, |r| r.kvs.len())).collect();
+        chunks.push(sizes);
+    }
+    assert!(chunks[0].len() > 1, "etcd's chunks at {LIMIT} bytes: {:?}", chunks[0]);
+    assert_eq!(chunks[1], chunks[0], "watchcache with the same limit: etcd's chunks");
+    assert_ne!(chunks[2], chunks[0], "watchcache at the default: not etcd's chunks");
+    // ...then deleted in one revision, whose forty events with their previous values come to
+    // 800 KiB: above the limit with etcd's 512 KiB allowance, below the default's 2 MiB.
+    let del = direct
+        .delete("/m/", Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .await
+        .expect("delete");
+    let rev = del.header().expect("h").revision();
+    let mut shapes = Vec::new();
+    for t in &targets {
+        shapes.push(support::fragment_shapes(t, "/m/", "/m0", rev, 40).await);
+    }
+    let flags = |s: &[support::Shape]| s.iter().map(|r| r.0).collect::<Vec<_>>();
+    eprintln!(
+        "chunks {chunks:?}; fragment flags {:?}",
+        shapes.iter().map(|s| flags(s)).collect::<Vec<_>>()
+    );
+    assert!(shapes[0].len() > 1, "etcd fragments: {:?}", flags(&shapes[0]));
+    assert_eq!(shapes[1], shapes[0], "watchcache with the same limit: etcd's fragments");
+    assert_eq!(flags(&shapes[2]), vec![false], "watchcache at the default: one response");
+}

@@ -53,9 +53,6 @@ pub(crate) async fn range_stream_route(
 type RangeChunks =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>>;
 
-/// etcd's default `--max-request-bytes`: the size RangeStream aims its chunks at.
-const CHUNK_TARGET_BYTES: usize = 1536 << 10;
-
 /// RangeStream from the cache where a Range would be, in etcd's chunks; otherwise etcd's own
 /// stream, relayed.
 async fn range_stream(
@@ -67,7 +64,7 @@ async fn range_stream(
     if let Some(resp) = from_cache(&ctx, &md, &r).await? {
         ctx.metrics().count_range(true);
         let header = resp.header.unwrap_or_default();
-        let chunks = range_chunks(resp, &r, header, CHUNK_TARGET_BYTES);
+        let chunks = range_chunks(resp, &r, header, ctx.chunk_target_bytes);
         return Ok(Response::new(Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))));
     }
     ctx.metrics().count_range(false);

@@ -74,8 +74,6 @@ pub struct ServeConfig {
     pub tls: Option<ServerTls>,
     /// How long a permission decision is reused.
     pub auth_cache_ttl: Duration,
-    /// Largest request accepted (etcd's `--max-request-bytes` + gRPC overhead).
-    pub max_request_bytes: usize,
     /// The web demo's files, served over HTTP when the directory exists.
     pub web_dir: Option<PathBuf>,
 }
@@ -90,7 +88,6 @@ impl Default for ServeConfig {
             listen_http: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             tls: None,
             auth_cache_ttl: Duration::from_secs(5),
-            max_request_bytes: (1536 << 10) + (2 << 20),
             web_dir: None,
         }
     }
@@ -101,7 +98,11 @@ pub(crate) struct Ctx {
     /// The caches, the connection to etcd, the counters: what watch sessions share too.
     pub env: Arc<SessionEnv>,
     pub auth: Arc<AuthChecker>,
+    /// Largest request message decoded: etcd's `--max-request-bytes` and 2 MiB more, so that
+    /// a request etcd would refuse as too large reaches etcd and gets etcd's own answer.
     pub max_request_bytes: usize,
+    /// The size RangeStream's chunks aim at: etcd's `--max-request-bytes`.
+    pub chunk_target_bytes: usize,
 }
 
 impl Ctx {
@@ -188,7 +189,12 @@ impl Server {
             config: session_config(&cfg.cache, true),
             shutdown: shutdown_rx.clone(),
         });
-        let ctx = Arc::new(Ctx { env, auth, max_request_bytes: cfg.max_request_bytes });
+        let ctx = Arc::new(Ctx {
+            env,
+            auth,
+            max_request_bytes: cfg.cache.max_request_bytes.saturating_add(2 << 20),
+            chunk_target_bytes: cfg.cache.max_request_bytes,
+        });
         {
             let ctx = ctx.clone();
             let mut stop = shutdown_rx.clone();

@@ -76,7 +76,8 @@ pub struct SessionConfig {
     /// A watch created with `fragment` gets a response of this many bytes or more (with two
     /// events or more) as fragments, each below it: what etcd fragments at (`v3rpc/watch.go`,
     /// `sendFragments`), its `--max-request-bytes` with the 512 KiB it allows for gRPC's
-    /// overhead (`MaxRequestBytesWithOverhead`), 2 MiB by default.
+    /// overhead (`MaxRequestBytesWithOverhead`), 2 MiB by default (from
+    /// [`crate::config::CacheConfig::max_request_bytes`]).
     pub fragment_bytes: usize,
     /// Ask before serving a cached watch whether the client may read its range (etcd auth).
     pub check_permissions: bool,
@@ -97,7 +98,8 @@ impl Default for SessionConfig {
             upstream_create_wait_ms: 1_000,
             credit_batch: 256,
             max_response_bytes: 1 << 20,
-            fragment_bytes: (1536 << 10) + (512 << 10),
+            fragment_bytes: crate::config::ETCD_MAX_REQUEST_BYTES
+                + crate::config::ETCD_GRPC_OVERHEAD_BYTES,
             check_permissions: false,
             progress_retry_ms: 100,
             backoff_min_ms: 100,

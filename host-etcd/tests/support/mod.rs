@@ -177,3 +177,67 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// One response of a watch as `fragment_shapes` reads it: its fragment flag, and per event the
+/// key, the revision and the size of the previous value.
+pub type Shape = (bool, Vec<(String, i64, usize)>);
+
+/// The responses of a watch of `[key, end)` from `rev` with `prev_kv` and `fragment`, on a raw
+/// gRPC stream (no client merging fragments), until `events` events have come.
+pub async fn fragment_shapes(
+    endpoint: &str,
+    key: &str,
+    end: &str,
+    rev: i64,
+    events: usize,
+) -> Vec<Shape> {
+    use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+    let ch = grpc_channel(endpoint).await;
+    let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
+    grpc.ready().await.expect("ready");
+    let mut create = PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+    };
+    if let Some(PbWatchRequestUnion::CreateRequest(c)) = create.request_union.as_mut() {
+        (c.key, c.range_end) = (key.as_bytes().to_vec(), end.as_bytes().to_vec());
+        (c.start_revision, c.prev_kv, c.fragment) = (rev, true, true);
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(create).await.expect("send");
+    let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
+    let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+    let resp = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            path,
+            codec,
+        )
+        .await
+        .expect("watch");
+    let mut s = resp.into_inner();
+    let mut shapes = Vec::new();
+    let mut seen = 0;
+    while seen < events {
+        let m = tokio::time::timeout(Duration::from_secs(10), s.message())
+            .await
+            .expect("in time")
+            .expect("ok")
+            .expect("a response");
+        if m.created {
+            continue;
+        }
+        seen += m.events.len();
+        let keys = m
+            .events
+            .iter()
+            .map(|e| {
+                let kv = e.kv.clone().unwrap_or_default();
+                let prev = e.prev_kv.clone().unwrap_or_default();
+                (String::from_utf8_lossy(&kv.key).into_owned(), kv.mod_revision, prev.value.len())
+            })
+            .collect();
+        shapes.push((m.fragment, keys));
+    }
+    drop(tx);
+    shapes
+}
