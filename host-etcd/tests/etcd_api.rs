@@ -753,3 +753,69 @@ async fn writes_leases_txn_and_maintenance_pass_through() {
     assert_eq!(ds.header().map(|h| h.cluster_id()), cs.header().map(|h| h.cluster_id()));
     assert_eq!(ds.version(), cs.version());
 }
+
+/// One HTTP/1.1 request on a new connection, `Connection: close`: the status and the body.
+async fn http1(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut out)).await.expect("in time").expect("read");
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status");
+    (status, body.to_owned())
+}
+
+/// etcd serves HTTP/1 on its client port: the JSON gateway (`/v3/...`), `/health`,
+/// `/version`. On watchcache's gRPC port they answer as on etcd's (the connection is spliced to
+/// etcd), a gateway watch streams etcd's events, and gRPC on the same port goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_on_the_grpc_port_is_etcds() {
+    let env = Env::start().await;
+    let (etcd, wc) = (env.etcd.endpoint(), env.grpc());
+    for path in ["/health", "/version", "/nothing-here"] {
+        let want = http1(&etcd, "GET", path, "").await;
+        let got = http1(&wc, "GET", path, "").await;
+        assert_eq!(got, want, "GET {path}");
+    }
+    // A put through the gateway on watchcache's port; the same range answered by both.
+    let (status, _) =
+        http1(&wc, "POST", "/v3/kv/put", r#"{"key":"L2cvaw==","value":"djE="}"#).await;
+    assert_eq!(status, 200);
+    let range = r#"{"key":"L2cvaw=="}"#;
+    let parse = |b: &str| serde_json::from_str::<serde_json::Value>(b).expect("JSON");
+    let want = parse(&http1(&etcd, "POST", "/v3/kv/range", range).await.1);
+    let got = parse(&http1(&wc, "POST", "/v3/kv/range", range).await.1);
+    assert_eq!(got, want);
+    assert_eq!(got["kvs"][0]["value"], "djE=");
+    // A gateway watch through watchcache's port streams etcd's answer to a put made over gRPC
+    // on that same port.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(&wc).await.expect("connect");
+    let body = r#"{"create_request":{"key":"L2cvaw=="}}"#;
+    let req = format!(
+        "POST /v3/watch HTTP/1.1\r\nHost: {wc}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains("\"created\":true") {
+        let n = tokio::time::timeout(T, s.read(&mut buf)).await.expect("in time").expect("read");
+        assert!(n > 0, "the watch ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let mut cached = env.cached().await;
+    cached.put("/g/k", "v2", None).await.expect("a gRPC put on the same port");
+    while !seen.contains("\"value\":\"djI=\"") {
+        let n = tokio::time::timeout(T, s.read(&mut buf)).await.expect("in time").expect("read");
+        assert!(n > 0, "the watch ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}

@@ -211,3 +211,61 @@ async fn with_client_tls_only_clients_of_the_ca_connect() {
     };
     assert!(r.is_err(), "plain text must not work");
 }
+
+/// watchcache in front of an etcd reached over TLS with a client certificate: gRPC goes
+/// through, and so does HTTP/1 on watchcache's port (spliced to etcd over TLS): `/health`
+/// answered by etcd, as etcd answers it on its own TLS port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let p = pki();
+    let dir = tempfile::tempdir().expect("dir");
+    let file = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).expect("write");
+        path.display().to_string()
+    };
+    let (cert, key, ca) = (
+        file("server.pem", &p.server.0),
+        file("server.key", &p.server.1),
+        file("ca.pem", &p.ca_pem),
+    );
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
+    };
+    let (plain, peer, secure) = (free(), free(), free());
+    let opts = EtcdOptions {
+        ports: Some((plain, peer)),
+        extra_args: vec![
+            format!("--listen-client-urls=http://127.0.0.1:{plain},https://127.0.0.1:{secure}"),
+            format!("--advertise-client-urls=https://127.0.0.1:{secure}"),
+            format!("--cert-file={cert}"),
+            format!("--key-file={key}"),
+            format!("--trusted-ca-file={ca}"),
+            "--client-cert-auth".into(),
+        ],
+        ..Default::default()
+    };
+    let env = Env::start_with(opts, |cfg| {
+        cfg.upstream.endpoints = vec![format!("https://localhost:{secure}")];
+        cfg.upstream.tls = Some(host_etcd::upstream::EtcdTls {
+            ca_pem: Some(p.ca_pem.clone().into_bytes()),
+            identity_pem: Some((p.client.0.clone().into_bytes(), p.client.1.clone().into_bytes())),
+        });
+    })
+    .await;
+    let mut c = env.cached().await;
+    c.put("/t/1", "x", None).await.expect("a put through watchcache, over TLS to etcd");
+    assert_eq!(c.get("/t/1", None).await.expect("get").kvs().len(), 1);
+    let mut s = tokio::net::TcpStream::connect(env.grpc()).await.expect("connect");
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .expect("in time")
+        .expect("read");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with(r#"{"health":"true","reason":""}"#), "{out}");
+}

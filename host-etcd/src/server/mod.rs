@@ -7,6 +7,7 @@
 //! | `watch` | etcd `Watch` streams: the wire side of a watch session | etcd `v3rpc/watch.go` |
 //! | `kv` | etcd `Range` and `RangeStream` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go`, `v3_server.go` |
 //! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
+//! | `http1` | HTTP/1 on the gRPC port (etcd's JSON gateway, `/health`, `/version`), spliced to etcd | etcd `embed/serve.go` (`cmux`) |
 //! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
 //! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
 //! | `prometheus` | the metrics as Prometheus text | `storage/cacher/metrics/metrics.go` |
@@ -18,6 +19,7 @@
 
 pub mod auth;
 mod forward;
+mod http1;
 mod http_api;
 mod kv;
 pub mod prometheus;
@@ -268,15 +270,14 @@ impl Server {
         // answer) would otherwise wait for the client's delayed ACK (about 40 ms).
         // Each connection's writes are gathered per scheduler round (`write_batch.rs`): one
         // revision's responses to all of a connection's streams leave in one write.
-        let incoming = futures::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-            |s| {
-                s.map(|s| {
-                    let _ = s.set_nodelay(true);
-                    write_batch::WriteBatch::new(s)
-                })
-            },
-        );
+        // Plain-text connections that are not HTTP/2 are etcd's HTTP/1 clients (`http1.rs`).
+        let etcd_http = match cfg.tls {
+            None => Some(Arc::new(http1::EtcdHttp::new(&cfg.upstream)?)),
+            Some(_) => None,
+        };
+        let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(64);
+        tasks.push(tokio::spawn(accept(grpc_listener, conn_tx, etcd_http, shutdown_rx.clone())));
+        let incoming = tokio_stream::wrappers::ReceiverStream::new(conn_rx);
         let serve = builder.add_routes(routes).serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.changed().await;
         });
@@ -354,5 +355,47 @@ impl Server {
                 warn!("a task did not stop within 5 s");
             }
         }
+    }
+}
+
+type Accepted = Result<write_batch::WriteBatch<tokio::net::TcpStream>, std::io::Error>;
+
+/// Accepts gRPC clients: every socket without Nagle's algorithm, HTTP/2 to the gRPC server
+/// (through `conn_tx`), anything else spliced to etcd when `etcd_http` is given.
+async fn accept(
+    listener: TcpListener,
+    conn_tx: tokio::sync::mpsc::Sender<Accepted>,
+    etcd_http: Option<Arc<http1::EtcdHttp>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let s = tokio::select! {
+            a = listener.accept() => match a {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors, say: the listener is tried again shortly.
+                    warn!(error = %e, "accepting a gRPC connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let _ = s.set_nodelay(true);
+        let Some(etcd_http) = etcd_http.clone() else {
+            if conn_tx.send(Ok(write_batch::WriteBatch::new(s))).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let conn_tx = conn_tx.clone();
+        tokio::spawn(async move {
+            match http1::sniff_stream(&s).await {
+                http1::Sniffed::Other => etcd_http.splice(s).await,
+                _ => {
+                    let _ = conn_tx.send(Ok(write_batch::WriteBatch::new(s))).await;
+                }
+            }
+        });
     }
 }

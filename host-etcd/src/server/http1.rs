@@ -1,0 +1,198 @@
+//! HTTP/1 on the gRPC port, passed through to etcd. etcd's client port serves HTTP/2 to its
+//! gRPC server and everything else to its HTTP/1 server: the JSON gateway (`/v3/kv/range`,
+//! `/v3/watch`, ...), `/health`, `/livez`, `/readyz`, `/version` and `/metrics`. A client of
+//! etcd that uses them (a load balancer's health check, `curl` on the gateway) must find them
+//! on watchcache's port too, with etcd's own answers.
+//!
+//! How: each accepted plain-text connection is told apart by its first bytes, as etcd's
+//! listener does (`cmux`: HTTP/2's connection preface, or anything else). HTTP/2 goes to the
+//! gRPC server; anything else is spliced, byte for byte, to an etcd endpoint (over TLS when
+//! etcd is reached over TLS), so etcd answers it, streaming gateway watches included. A
+//! connection that sends nothing for [`SNIFF_WAIT`] goes to the gRPC server, as before. With
+//! TLS to clients every connection goes to the gRPC server (HTTP/2 only).
+//!
+//! etcd counterpart: `server/embed/serve.go` (`serveCtx.serve`: `cmux` with the `HTTP2()`
+//! matcher for gRPC and `Any()` for the HTTP mux and the gateway).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tracing::debug;
+
+use crate::upstream::UpstreamConfig;
+
+/// HTTP/2's connection preface starts with these bytes (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// How long a new connection may stay silent before it is taken for HTTP/2 (a gRPC client
+/// sends its preface at once; so does an HTTP/1 client its request line).
+pub(crate) const SNIFF_WAIT: Duration = Duration::from_secs(5);
+
+/// What a connection's first bytes say it speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sniffed {
+    /// HTTP/2's preface: the gRPC server's.
+    Http2,
+    /// Anything else: etcd's HTTP/1 server's.
+    Other,
+    /// Not enough bytes yet to tell.
+    NeedMore,
+}
+
+/// Tells HTTP/2 from anything else by the bytes read so far, as `cmux.HTTP2()` does.
+pub(crate) fn sniff(first: &[u8]) -> Sniffed {
+    let n = first.len().min(H2_PREFACE.len());
+    if first[..n] != H2_PREFACE[..n] {
+        Sniffed::Other
+    } else if n == H2_PREFACE.len() {
+        Sniffed::Http2
+    } else {
+        Sniffed::NeedMore
+    }
+}
+
+/// Reads (without taking) the first bytes of `s` until they tell; `Http2` after
+/// [`SNIFF_WAIT`] of silence or on an error, which the gRPC server then meets itself.
+pub(crate) async fn sniff_stream(s: &TcpStream) -> Sniffed {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let deadline = tokio::time::Instant::now() + SNIFF_WAIT;
+    loop {
+        let n = match tokio::time::timeout_at(deadline, s.peek(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Sniffed::Http2,
+            Ok(Ok(n)) => n,
+        };
+        match sniff(&buf[..n]) {
+            Sniffed::NeedMore => {
+                // `peek` returns at once while the bytes already there are all there is.
+                if tokio::time::timeout_at(deadline, s.readable()).await.is_err() {
+                    return Sniffed::Http2;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            told => return told,
+        }
+    }
+}
+
+/// Where spliced connections go: etcd's endpoints in turn, over TLS when etcd is reached
+/// over TLS.
+pub(crate) struct EtcdHttp {
+    endpoints: Vec<(String, String)>,
+    tls: Option<tokio_rustls::TlsConnector>,
+    next: AtomicUsize,
+}
+
+impl EtcdHttp {
+    /// From the upstream configuration (`host:port` or URLs; `https` with its TLS).
+    pub(crate) fn new(cfg: &UpstreamConfig) -> Result<EtcdHttp, String> {
+        let endpoints = cfg
+            .endpoints
+            .iter()
+            .map(|e| {
+                let hostport = e.split("://").last().unwrap_or(e).trim_end_matches('/');
+                let host = match hostport.rsplit_once(':') {
+                    Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+                    None => hostport,
+                };
+                (hostport.to_owned(), host.to_owned())
+            })
+            .collect();
+        let tls = match &cfg.tls {
+            Some(t) => Some(tls_connector(t.ca_pem.as_deref(), t.identity_pem.as_ref())?),
+            None => None,
+        };
+        Ok(EtcdHttp { endpoints, tls, next: AtomicUsize::new(0) })
+    }
+
+    /// Splices `client` to an etcd endpoint until either side closes.
+    pub(crate) async fn splice(self: Arc<Self>, mut client: TcpStream) {
+        let n = self.endpoints.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        for i in 0..n {
+            let (addr, host) = &self.endpoints[(first + i) % n];
+            let tcp = match TcpStream::connect(addr.as_str()).await {
+                Ok(t) => t,
+                Err(e) => {
+                    debug!(etcd = %addr, error = %e, "HTTP/1 pass-through: etcd not reached");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            match &self.tls {
+                None => copy(&mut client, tcp).await,
+                Some(c) => {
+                    let Ok(name) = rustls_pki_types::ServerName::try_from(host.clone()) else {
+                        return;
+                    };
+                    match c.connect(name, tcp).await {
+                        Ok(t) => copy(&mut client, t).await,
+                        Err(e) => {
+                            debug!(etcd = %addr, error = %e, "HTTP/1 pass-through: TLS to etcd");
+                            continue;
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        // No etcd reached: the client sees its connection closed, as with etcd down.
+    }
+}
+
+async fn copy<S: AsyncRead + AsyncWrite + Unpin>(client: &mut TcpStream, mut etcd: S) {
+    let _ = tokio::io::copy_bidirectional(client, &mut etcd).await;
+}
+
+fn tls_connector(
+    ca_pem: Option<&[u8]>,
+    identity: Option<&(Vec<u8>, Vec<u8>)>,
+) -> Result<tokio_rustls::TlsConnector, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = ca_pem {
+        for c in CertificateDer::pem_slice_iter(ca) {
+            let c = c.map_err(|e| format!("etcd CA: {e}"))?;
+            roots.add(c).map_err(|e| format!("etcd CA: {e}"))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS to etcd: {e}"))?
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("etcd client certificate: {e}"))?;
+            let key =
+                PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("etcd client key: {e}"))?;
+            builder.with_client_auth_cert(certs, key).map_err(|e| format!("TLS to etcd: {e}"))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preface_is_http2_and_anything_else_is_not() {
+        assert_eq!(sniff(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), Sniffed::Http2);
+        assert_eq!(sniff(b"PRI * HTTP/2.0"), Sniffed::Http2);
+        assert_eq!(sniff(b"PRI * HT"), Sniffed::NeedMore);
+        assert_eq!(sniff(b""), Sniffed::NeedMore);
+        assert_eq!(sniff(b"GET /health HTTP/1.1\r\n"), Sniffed::Other);
+        assert_eq!(sniff(b"POST /v3/kv/range HTTP/1.1\r\n"), Sniffed::Other);
+        assert_eq!(sniff(b"P"), Sniffed::NeedMore);
+        assert_eq!(sniff(b"PO"), Sniffed::Other);
+        assert_eq!(sniff(b"\x16\x03\x01"), Sniffed::Other);
+    }
+}
