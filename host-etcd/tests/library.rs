@@ -461,3 +461,124 @@ async fn unread_relayed_watches_hold_up_neither_the_cache_nor_other_calls() {
     }
     assert!(cache.upstream_requests("watch") >= 9, "the unread watches paused their relays");
 }
+
+/// Seeded random readers of a library cache whose window is 16 events, so that most of their
+/// watches start before it and are relayed over the client's own connection: readers stop
+/// polling at random for longer than a relay waits (relays pause and are taken up again, or
+/// move back onto the cache), while random writes come, a fifth of them 64–200 KiB. Every
+/// watch must get etcd's events exactly: none lost, none repeated, in order, with previous
+/// values when asked. `WATCHCACHE_TEST_SEED` replays seeds (`3`, `1-20`); 2 by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_library_readers_match_etcd() {
+    for seed in crate::random_requests::seeds_or(2) {
+        random_library_readers(seed).await;
+    }
+}
+
+async fn random_library_readers(seed: u64) {
+    use crate::random_requests::{keys, write, Rng};
+    support::init_tracing();
+    let mut rng = Rng::new(seed.wrapping_add(3000));
+    let mut config = CacheConfig::default();
+    config.core.capacity = 16;
+    config.core.lower_bound_capacity = 16;
+    config.core.upper_bound_capacity = 16;
+    config.core.dynamic_capacity = false;
+    config.rejoin_interval = Duration::from_millis(200);
+    let (_etcd, mut client, cache, _txn, _last) = setup("", config).await;
+    let ks: Vec<Vec<u8>> = keys().into_iter().filter(|k| k.starts_with(b"/q/")).collect();
+    let pad = |rng: &mut Rng| {
+        if rng.chance(20) {
+            (64 << 10) + rng.below(136 << 10) as usize
+        } else {
+            rng.below(100) as usize
+        }
+    };
+    let mut now = 0;
+    for i in 0..60 {
+        let p = pad(&mut rng);
+        now = write(&mut client, &mut rng, &ks, 0, i, p).await;
+    }
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+    let cache = std::sync::Arc::new(cache);
+    let mut readers = Vec::new();
+    let mut start_reader = |rng: &mut Rng, now: i64| {
+        let keys = match rng.below(4) {
+            0 => Keys::prefix("/q/k/"),
+            1 => Keys::key(rng.pick(&ks).clone()),
+            _ => Keys::prefix("/q/"),
+        };
+        // Anywhere in the history (mostly before the window), or just ahead of it.
+        let start = if rng.chance(80) { 2 + rng.below(now as u64 - 1) as i64 } else { now + 1 };
+        let prev_kv = rng.chance(30);
+        let reader_seed = rng.below(u64::MAX);
+        let cache = cache.clone();
+        let mut done = done_rx.clone();
+        let task = tokio::spawn(async move {
+            let mut o = WatchOptions::new().with_start_revision(start);
+            if prev_kv {
+                o = o.with_prev_kv();
+            }
+            let mut s = cache.watch(keys.clone(), o).await.expect("watch");
+            let mut rng = Rng::new(reader_seed);
+            let (mut got, mut stalls) = (Vec::new(), 0);
+            while !*done.borrow() {
+                if rng.chance(10) {
+                    // Not polled: longer than a relay waits for room.
+                    stalls += 1;
+                    tokio::time::sleep(Duration::from_millis(150 + rng.below(450))).await;
+                }
+                tokio::select! {
+                    m = s.next() => match m {
+                        Some(Ok(m)) => got.extend(m.events().iter().map(ev_of)),
+                        other => panic!("seed {seed}: the watch ended: {other:?}"),
+                    },
+                    _ = done.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            (keys, start, prev_kv, s, got, stalls)
+        });
+        readers.push(task);
+    };
+    for _ in 0..6 {
+        start_reader(&mut rng, now);
+    }
+    for i in 60..220 {
+        let p = pad(&mut rng);
+        now = write(&mut client, &mut rng, &ks, 0, i, p).await;
+        if i == 140 {
+            for _ in 0..2 {
+                start_reader(&mut rng, now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(12))).await;
+    }
+    let _ = done_tx.send(true);
+    let history = support::conformance::history(&mut client, now).await;
+    let (mut events, mut stalls) = (0, 0);
+    for r in readers {
+        let (keys, start, prev_kv, mut s, mut got, n) = r.await.expect("reader");
+        got.extend(cache_events(&mut s, now).await);
+        got.retain(|e| e.rev <= now);
+        let want = expected(&history, &keys, start, now, prev_kv);
+        if got != want {
+            let first = got.iter().zip(&want).position(|(a, b)| a != b);
+            panic!(
+                "seed {seed}: {keys:?} from {start} (prev_kv {prev_kv}): {} events against \
+                 etcd's {}, first difference at {first:?}: {:?} against {:?}",
+                got.len(),
+                want.len(),
+                first.and_then(|i| got.get(i)).map(|e| e.rev),
+                first.and_then(|i| want.get(i)).map(|e| e.rev),
+            );
+        }
+        events += got.len();
+        stalls += n;
+    }
+    eprintln!(
+        "seed {seed}: 8 watches, {events} events, {stalls} stalls, {} etcd watches opened, \
+         revision {now}",
+        cache.upstream_requests("watch")
+    );
+}
