@@ -389,9 +389,15 @@ async fn accept(
             continue;
         };
         let conn_tx = conn_tx.clone();
+        let mut stop = stop.clone();
         tokio::spawn(async move {
             match http1::sniff_stream(&s).await {
-                http1::Sniffed::Other => etcd_http.splice(s).await,
+                // Spliced until either side closes, or the server stops (as etcd's own
+                // connections end when it stops).
+                http1::Sniffed::Other => tokio::select! {
+                    _ = etcd_http.splice(s) => {}
+                    _ = stop.changed() => {}
+                },
                 _ => {
                     let _ = conn_tx.send(Ok(write_batch::WriteBatch::new(s))).await;
                 }
