@@ -44,6 +44,7 @@ Sample keys are written under /registry/pods/ and /config/. Try, in another term
   $ETCDCTL --endpoints=$GRPC watch --prefix /
   $ETCDCTL --endpoints=$GRPC put /config/replicas 5
   $ETCDCTL --endpoints=$GRPC get --prefix /registry/pods/ --keys-only
+  curl -s http://$GRPC/health    # etcd's own HTTP endpoints answer on the gRPC port too, as on etcd's
   curl -s http://$HTTP/debug/state
   curl -s 'http://$HTTP/kube/registry/pods/?labelSelector=app%3Dweb'
   curl -sN 'http://$HTTP/kube/registry/pods/?watch=true&resourceVersion=0'

@@ -336,7 +336,11 @@ impl fmt::Debug for Cache {
 
 impl Cache {
     /// A cache of `prefix` fed through `client`, with the default configuration (Kubernetes
-    /// v1.34 profile). Returns at once; see [`Cache::wait_ready`].
+    /// v1.34 profile). Returns at once; see [`Cache::wait_ready`]. The cache's own watch, and
+    /// the watches etcd serves for it, share `client`'s connection: a watch of your own on that
+    /// client that you stop reading holds them up once its responses fill the connection's
+    /// window, as it would your other calls. [`Cache::connect`] gives the cache a connection
+    /// of its own.
     pub async fn new(
         client: etcd_client::Client,
         prefix: impl Into<Vec<u8>>,
