@@ -45,6 +45,12 @@ pub struct CacheConfig {
     /// that watches created with `fragment` are cut where etcd cuts them (at this plus etcd's
     /// 512 KiB gRPC allowance) and RangeStream chunks are as large as etcd's.
     pub max_request_bytes: usize,
+    /// A library cache relays watches from before its window over its user's client: how long
+    /// such a relay waits for its reader before it ends its etcd watch, so that etcd's unread
+    /// responses do not hold up the client's other calls (the watch is taken up again, after
+    /// its last revision delivered, when it is read). The server's relays have a connection
+    /// of their own and never pause.
+    pub relay_pause_after: Duration,
 }
 
 /// Where the current revision of a linearizable read comes from.
@@ -85,6 +91,7 @@ impl Default for CacheConfig {
             freshness: Freshness::Auto,
             delivery_coalesce: Duration::from_millis(5),
             max_request_bytes: ETCD_MAX_REQUEST_BYTES,
+            relay_pause_after: Duration::from_secs(1),
         }
     }
 }

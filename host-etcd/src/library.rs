@@ -310,6 +310,7 @@ pub(crate) fn session_config(config: &CacheConfig, check_permissions: bool) -> S
         fragment_bytes: config
             .max_request_bytes
             .saturating_add(crate::config::ETCD_GRPC_OVERHEAD_BYTES),
+        relay_pause_ms: (config.relay_pause_after.as_millis() as u64).max(1),
         check_permissions,
         ..SessionConfig::default()
     }
@@ -463,9 +464,10 @@ impl Cache {
     /// (whole revisions per response, `prev_kv` when asked, progress notifications when asked
     /// and after [`WatchStream::request_progress`]); a compacted start revision ends it with
     /// [`Error::Compacted`]. A watch from before the cache's window is served by etcd over the
-    /// client's connection; a stream left unread for 100 ms while etcd has more for it ends
-    /// that etcd watch, and takes it up again after its last revision delivered when it is
-    /// read again, so that it holds up neither the client's other calls nor the cache.
+    /// client's connection; a stream left unread for [`CacheConfig::relay_pause_after`] (1 s)
+    /// while etcd has more for it ends that etcd watch, and takes it up again after its last
+    /// revision delivered when it is read again, so that it holds up neither the client's other
+    /// calls nor the cache.
     pub async fn watch(&self, keys: Keys, options: WatchOptions) -> Result<WatchStream, Error> {
         self.check_prefix(&keys)?;
         let (key, range_end) = keys.etcd();

@@ -485,6 +485,8 @@ async fn random_library_readers(seed: u64) {
     config.core.upper_bound_capacity = 16;
     config.core.dynamic_capacity = false;
     config.rejoin_interval = Duration::from_millis(200);
+    // Pauses often: readers stop for longer than this.
+    config.relay_pause_after = Duration::from_millis(100);
     let (_etcd, mut client, cache, _txn, _last) = setup("", config).await;
     let ks: Vec<Vec<u8>> = keys().into_iter().filter(|k| k.starts_with(b"/q/")).collect();
     let pad = |rng: &mut Rng| {

@@ -59,6 +59,10 @@ pub(crate) fn sniff(first: &[u8]) -> Sniffed {
 pub(crate) async fn sniff_stream(s: &TcpStream) -> Sniffed {
     let mut buf = [0u8; H2_PREFACE.len()];
     let deadline = tokio::time::Instant::now() + SNIFF_WAIT;
+    // A client's first bytes come in one segment: a preface cut short is rare, and is looked
+    // at again after growing waits (the socket stays readable while unread bytes are there,
+    // so waiting for readiness would not wait).
+    let mut wait = Duration::from_millis(1);
     loop {
         let n = match tokio::time::timeout_at(deadline, s.peek(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Sniffed::Http2,
@@ -66,21 +70,33 @@ pub(crate) async fn sniff_stream(s: &TcpStream) -> Sniffed {
         };
         match sniff(&buf[..n]) {
             Sniffed::NeedMore => {
-                // `peek` returns at once while the bytes already there are all there is.
-                if tokio::time::timeout_at(deadline, s.readable()).await.is_err() {
+                if tokio::time::Instant::now() + wait > deadline {
                     return Sniffed::Http2;
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(250));
             }
             told => return told,
         }
     }
 }
 
-/// Where spliced connections go: etcd's endpoints in turn, over TLS when etcd is reached
-/// over TLS.
+/// How long reaching an etcd endpoint (TCP, then TLS) may take before the next is tried, as
+/// for the gRPC connections to etcd.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// One etcd endpoint: `host:port`, the host alone (TLS's server name), and whether it is
+/// reached over TLS.
+struct Endpoint {
+    addr: String,
+    host: String,
+    tls: bool,
+}
+
+/// Where spliced connections go: etcd's endpoints in turn, each as the gRPC connections reach
+/// it (TLS for `https://`, and for a bare `host:port` when TLS to etcd is configured).
 pub(crate) struct EtcdHttp {
-    endpoints: Vec<(String, String)>,
+    endpoints: Vec<Endpoint>,
     tls: Option<tokio_rustls::TlsConnector>,
     next: AtomicUsize,
 }
@@ -92,12 +108,16 @@ impl EtcdHttp {
             .endpoints
             .iter()
             .map(|e| {
-                let hostport = e.split("://").last().unwrap_or(e).trim_end_matches('/');
-                let host = match hostport.rsplit_once(':') {
-                    Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
-                    None => hostport,
+                let (tls, rest) = match e.split_once("://") {
+                    Some((scheme, rest)) => (scheme.eq_ignore_ascii_case("https"), rest),
+                    None => (cfg.tls.is_some(), e.as_str()),
                 };
-                (hostport.to_owned(), host.to_owned())
+                let addr = rest.trim_end_matches('/');
+                let host = match addr.rsplit_once(':') {
+                    Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+                    None => addr,
+                };
+                Endpoint { addr: addr.to_owned(), host: host.to_owned(), tls }
             })
             .collect();
         let tls = match &cfg.tls {
@@ -112,27 +132,36 @@ impl EtcdHttp {
         let n = self.endpoints.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
-            let (addr, host) = &self.endpoints[(first + i) % n];
-            let tcp = match TcpStream::connect(addr.as_str()).await {
-                Ok(t) => t,
-                Err(e) => {
-                    debug!(etcd = %addr, error = %e, "HTTP/1 pass-through: etcd not reached");
+            let ep = &self.endpoints[(first + i) % n];
+            let tcp = match tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&ep.addr)).await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    debug!(etcd = %ep.addr, error = %e, "HTTP/1 pass-through: etcd not reached");
+                    continue;
+                }
+                Err(_) => {
+                    debug!(etcd = %ep.addr, "HTTP/1 pass-through: etcd not reached in time");
                     continue;
                 }
             };
             let _ = tcp.set_nodelay(true);
-            match &self.tls {
-                None => copy(&mut client, tcp).await,
-                Some(c) => {
-                    let Ok(name) = rustls_pki_types::ServerName::try_from(host.clone()) else {
-                        return;
+            match (&self.tls, ep.tls) {
+                (_, false) => copy(&mut client, tcp).await,
+                (None, true) => {
+                    debug!(etcd = %ep.addr, "HTTP/1 pass-through: https without TLS settings");
+                    continue;
+                }
+                (Some(c), true) => {
+                    let Ok(name) = rustls_pki_types::ServerName::try_from(ep.host.clone()) else {
+                        continue;
                     };
-                    match c.connect(name, tcp).await {
-                        Ok(t) => copy(&mut client, t).await,
-                        Err(e) => {
-                            debug!(etcd = %addr, error = %e, "HTTP/1 pass-through: TLS to etcd");
+                    match tokio::time::timeout(CONNECT_WAIT, c.connect(name, tcp)).await {
+                        Ok(Ok(t)) => copy(&mut client, t).await,
+                        Ok(Err(e)) => {
+                            debug!(etcd = %ep.addr, error = %e, "HTTP/1 pass-through: TLS to etcd");
                             continue;
                         }
+                        Err(_) => continue,
                     }
                 }
             }
@@ -194,5 +223,32 @@ mod tests {
         assert_eq!(sniff(b"P"), Sniffed::NeedMore);
         assert_eq!(sniff(b"PO"), Sniffed::Other);
         assert_eq!(sniff(b"\x16\x03\x01"), Sniffed::Other);
+    }
+
+    #[test]
+    fn endpoints_are_reached_as_the_grpc_connections_reach_them() {
+        let parse = |endpoints: &[&str], tls: bool| {
+            let cfg = UpstreamConfig {
+                endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+                tls: tls.then_some(crate::upstream::EtcdTls { ca_pem: None, identity_pem: None }),
+                user: None,
+            };
+            let h = EtcdHttp::new(&cfg).expect("endpoints");
+            h.endpoints.into_iter().map(|e| (e.addr, e.host, e.tls)).collect::<Vec<_>>()
+        };
+        let s = |a: &str, h: &str, t: bool| (a.to_owned(), h.to_owned(), t);
+        assert_eq!(
+            parse(&["127.0.0.1:2379", "http://etcd-1:2379/", "https://[::1]:2379"], false),
+            vec![
+                s("127.0.0.1:2379", "127.0.0.1", false),
+                s("etcd-1:2379", "etcd-1", false),
+                s("[::1]:2379", "::1", true)
+            ]
+        );
+        // A bare host:port is reached over TLS when TLS to etcd is configured, as gRPC is.
+        assert_eq!(
+            parse(&["etcd-0:2379", "http://etcd-1:2379"], true),
+            vec![s("etcd-0:2379", "etcd-0", true), s("etcd-1:2379", "etcd-1", false)]
+        );
     }
 }

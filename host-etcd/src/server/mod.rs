@@ -373,9 +373,14 @@ async fn accept(
             a = listener.accept() => match a {
                 Ok((s, _)) => s,
                 Err(e) => {
-                    // Out of file descriptors, say: the listener is tried again shortly.
-                    warn!(error = %e, "accepting a gRPC connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of file descriptors or memory: the listener is tried again shortly.
+                    // Anything else concerns one connection only (it was reset before it was
+                    // taken, say): the next is taken at once.
+                    // (ENFILE, EMFILE, ENOMEM, ENOBUFS on Linux.)
+                    if matches!(e.raw_os_error(), Some(23 | 24 | 12 | 105)) {
+                        warn!(error = %e, "accepting a gRPC connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     continue;
                 }
             },

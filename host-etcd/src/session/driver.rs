@@ -80,11 +80,6 @@ pub struct SessionEnv {
 /// Relayed responses a session's relays may have sent it that it has not taken yet.
 const RELAYED_AHEAD: usize = 8;
 
-/// How long a relay on a shared connection waits for room in the session before it pauses
-/// (`RelayEvent::Paused`): a reader that is reading makes room sooner, and the connection's
-/// other calls are held up no longer than this.
-const RELAY_PAUSE_AFTER: Duration = Duration::from_millis(100);
-
 /// Responses the driver holds for the client before it stops taking relayed input...
 const PENDING_ITEMS: usize = 64;
 /// ...and their bytes (a response larger than this still goes, alone).
@@ -533,15 +528,7 @@ impl Driver {
             let (ctl, ctl_rx) = mpsc::unbounded_channel();
             self.relays.insert(relay, ctl);
             self.env.metrics.count_upstream_request("watch");
-            tokio::spawn(run_relay(
-                self.env.upstream.clone(),
-                self.md.clone(),
-                request,
-                relay,
-                tx,
-                ctl_rx,
-                self.env.metrics.clone(),
-            ));
+            tokio::spawn(run_relay(self.env.clone(), self.md.clone(), request, relay, tx, ctl_rx));
             return;
         }
         let env = &self.env;
@@ -646,14 +633,15 @@ fn fill_header(upstream: &Upstream, m: &mut PbWatchResponse) {
 /// etcd); progress requests go up when the session asks. The upstream-watch gauge counts it
 /// while its stream is open.
 async fn run_relay(
-    upstream: Upstream,
+    env: Arc<SessionEnv>,
     md: MetadataMap,
     request: PbWatchRequest,
     id: RelayId,
     tx: mpsc::Sender<(RelayId, RelayEvent)>,
     mut ctl: mpsc::UnboundedReceiver<RelayCtl>,
-    metrics: Arc<HostMetrics>,
 ) {
+    let (upstream, metrics) = (&env.upstream, &env.metrics);
+    let pause_after = Duration::from_millis(env.config.relay_pause_ms);
     let opened = tokio::select! {
         o = upstream.open_watch(&md, request) => o,
         // Closed by the session before etcd answered.
@@ -670,12 +658,14 @@ async fn run_relay(
             return;
         }
     };
-    let gauge = UpstreamWatchGauge::open(&metrics);
+    let gauge = UpstreamWatchGauge::open(metrics);
     // On a connection that other calls share (a library cache's, over its user's client), a
     // relay does not leave etcd's responses unread in the connection's window while the session
     // is behind: it ends its etcd watch and the session takes the watch up later (see
-    // `RelayEvent::Paused`). On the server's relays' connection, a stalled relay holds only its
-    // own stream's window, as a slow client of etcd does.
+    // `RelayEvent::Paused`) once it has waited `pause_after` for room: a reader that takes a
+    // response at least that often never pauses (each pause costs etcd a watch, which catches
+    // up again from the last revision delivered). On the server's relays' connection, a
+    // stalled relay holds only its own stream's window, as a slow client of etcd does.
     let pause_when_full = upstream.relays_share_a_connection();
     loop {
         tokio::select! {
@@ -698,7 +688,12 @@ async fn run_relay(
                 };
                 let end = matches!(ev, RelayEvent::Ended { .. });
                 if pause_when_full && !end {
-                    match tokio::time::timeout(RELAY_PAUSE_AFTER, tx.reserve()).await {
+                    let room = tokio::select! {
+                        r = tokio::time::timeout(pause_after, tx.reserve()) => r,
+                        // Closed by the session meanwhile.
+                        None = ctl.recv() => return,
+                    };
+                    match room {
                         Ok(Ok(permit)) => {
                             permit.send((id, ev));
                             continue;

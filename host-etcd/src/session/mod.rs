@@ -87,6 +87,9 @@ pub struct SessionConfig {
     pub backoff_min_ms: u64,
     /// See `backoff_min_ms`.
     pub backoff_max_ms: u64,
+    /// How long a relay on a connection that other calls share (a library cache's) waits for
+    /// room in its session before it pauses (`RelayEvent::Paused`).
+    pub relay_pause_ms: u64,
 }
 
 impl Default for SessionConfig {
@@ -104,6 +107,7 @@ impl Default for SessionConfig {
             progress_retry_ms: 100,
             backoff_min_ms: 100,
             backoff_max_ms: 2_000,
+            relay_pause_ms: 1_000,
         }
     }
 }

@@ -179,6 +179,37 @@ func TestMissingPrevKVToleratedRightAfterTheCreatedOnly(t *testing.T) {
 	want(t, check(t, mk(true)), PrevKV, 1)
 }
 
+// Alone on its stream: a missing prev_kv is etcd's race only in the run of responses right after
+// the created, before any prev_kv came, and within moments of the created.
+func TestMissingPrevKVAloneOnItsStream(t *testing.T) {
+	req := prefix
+	req.PrevKV = true
+	req.StartRevision = 4
+	withPrev := evs(2, 3) // revision 4: /r/a's second write (previous value a2), /r/c created
+	withPrev[0].PrevKV = history()[2].PrevKV
+	noPrev := evs(2, 3)
+	del := evs(4) // revision 5: /r/b deleted, without its previous value
+	run := func(first []record.Event, secondAt time.Duration) *record.Run {
+		r := &record.Run{History: history(), FinalRevision: 5}
+		r.Watches = []record.Watch{{ID: 0, Request: req, ResumeOf: -1}}
+		s := record.Stream{ID: 0, Client: record.Raw, End: "closed", EndSeq: 20}
+		s.Sends = []record.Send{{Seq: 1, Kind: record.SendCreate, Watch: 0, KnownRevision: 3}}
+		s.Recvs = []record.Response{
+			{Seq: 2, At: time.Millisecond, WatchID: 0, Revision: 3, Created: true},
+			{Seq: 3, At: time.Millisecond, WatchID: 0, Revision: 4, Events: first},
+			{Seq: 4, At: secondAt, WatchID: 0, Revision: 5, Events: del},
+		}
+		r.Streams = []record.Stream{s}
+		return r
+	}
+	// Both right after the created, neither with prev_kv: etcd's race.
+	want(t, check(t, run(noPrev, 2*time.Millisecond)), PrevKV, 0)
+	// The first carried prev_kv: the flag was set, the second's missing one is not etcd's.
+	want(t, check(t, run(withPrev, 2*time.Millisecond)), PrevKV, 1)
+	// A second later: not the pending responses' flush.
+	want(t, check(t, run(noPrev, time.Second)), PrevKV, 1)
+}
+
 func TestStreamProgressSpeaksForEveryWatch(t *testing.T) {
 	// Two watches; a -1 answer at 5 while the key watch on /r/b has not had its delete.
 	run := &record.Run{History: history(), FinalRevision: 5}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"time"
 
 	"watchcache.local/tools/robustness/record"
 )
@@ -728,16 +729,22 @@ func (c *checker) prevKV(v *view, g got) {
 // builtBeforeTheFlag: whether etcd may have built this response before it knew the watch asks
 // for prev_kv. etcd's recvLoop (v3rpc/watch.go) registers a new watcher with the store first
 // and sets prevKV[id] only after, under the stream's lock; sendLoop adds prev_kv when it reads
-// a watcher's events, and keeps the responses of an id it has not announced yet in pending[id],
-// sending them right after the created. So events that reach sendLoop between the two steps
-// (a watch from now created while writes pour in, as when a stopped etcd resumes) go out
-// without prev_kv, in the responses that follow the watch's created on the stream with no
-// other response between, and only for writes not yet acknowledged when the create was sent
-// (written while the watcher was being registered; a catch-up from older revisions comes later,
-// from the store's sync of unsynced watchers). Raw streams only: a clientv3 record's channel
-// carries one watch, so that run of responses cannot be told there. Seen on etcd 3.7.3 (make
-// test's smoke run, baseline seed 1: a watch from now created during an etcd-stop, its first
-// event, written at the resume, in the response right after the created).
+// a watcher's events (per response), and keeps the responses of an id it has not announced yet
+// in pending[id], sending them all right after the created. So events that reach sendLoop
+// between the two steps (a watch from now created while writes pour in, as when a stopped etcd
+// resumes) go out without prev_kv in an unbroken run of responses at the start:
+//   - raw streams only (a clientv3 record's channel carries one watch, so the run cannot be
+//     told there);
+//   - the responses that follow the watch's created with no other response of the stream
+//     between, received within pendingFlush of the created;
+//   - none of them, nor any earlier one of the run, carrying a prev_kv (once the flag is set it
+//     stays set);
+//   - only events of writes not yet acknowledged when the create was sent (written while the
+//     watcher was being registered; a catch-up from older revisions comes later, from the
+//     store's sync of unsynced watchers).
+//
+// Seen on etcd 3.7.3 (make test's smoke run, baseline seed 1: a watch from now created during
+// an etcd-stop, its first event, written at the resume, 3 µs after the created).
 func builtBeforeTheFlag(v *view, resp *record.Response, rev int64) bool {
 	if v.st.Client != record.Raw || v.create == nil || rev <= v.create.KnownRevision {
 		return false
@@ -746,22 +753,32 @@ func builtBeforeTheFlag(v *view, resp *record.Response, rev int64) bool {
 	for _, r := range v.resps {
 		mine[r.Seq] = true
 	}
-	after := false
+	var created *record.Response
 	for i := range v.st.Recvs {
 		r := &v.st.Recvs[i]
 		switch {
 		case mine[r.Seq] && r.Created:
-			after = true
-		case after && mine[r.Seq]:
+			created = r
+		case created == nil:
+		case !mine[r.Seq] || r.At-created.At > pendingFlush:
+			return false
+		default:
+			for _, e := range r.Events {
+				if e.PrevKV != nil {
+					return false
+				}
+			}
 			if r.Seq == resp.Seq {
 				return true
 			}
-		case after:
-			return false
 		}
 	}
 	return false
 }
+
+// pendingFlush: how soon after a created etcd's pending responses for that watch reach the
+// client (sent back to back by the same loop; 3 µs in the case above).
+const pendingFlush = 50 * time.Millisecond
 
 func (c *checker) atRev(rev int64) string {
 	i := c.h.FirstAt(rev)
