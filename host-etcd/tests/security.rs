@@ -210,6 +210,62 @@ async fn with_client_tls_only_clients_of_the_ca_connect() {
         Err(e) => Err(e),
     };
     assert!(r.is_err(), "plain text must not work");
+    // etcd's HTTP endpoints over TLS, as on etcd's own TLS port: HTTP/1 agreed by ALPN is
+    // spliced to etcd; without a certificate of the CA, no handshake.
+    let health = https1(&env.grpc(), &p.ca_pem, Some(&p.client), "/health").await;
+    let health = health.expect("GET /health over TLS");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.ends_with(r#"{"health":"true","reason":""}"#), "{health}");
+    let refused = https1(&env.grpc(), &p.ca_pem, None, "/health").await;
+    assert!(refused.is_err(), "no certificate: {refused:?}");
+}
+
+/// One HTTP/1.1 GET over TLS (ALPN `http/1.1`), `Connection: close`: the whole answer.
+async fn https1(
+    addr: &str,
+    ca_pem: &str,
+    identity: Option<&(String, String)>,
+    path: &str,
+) -> Result<String, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("CA")).expect("CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS")
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .expect("certificate");
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+            builder.with_client_auth_cert(certs, key).expect("identity")
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("localhost").expect("name");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let mut s = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    if out.is_empty() {
+        return Err("no answer".into());
+    }
+    Ok(out)
 }
 
 /// watchcache in front of an etcd reached over TLS with a client certificate: gRPC goes

@@ -5,11 +5,11 @@
 //! on watchcache's port too, with etcd's own answers.
 //!
 //! How: each accepted plain-text connection is told apart by its first bytes, as etcd's
-//! listener does (`cmux`: HTTP/2's connection preface, or anything else). HTTP/2 goes to the
-//! gRPC server; anything else is spliced, byte for byte, to an etcd endpoint (over TLS when
-//! etcd is reached over TLS), so etcd answers it, streaming gateway watches included. A
-//! connection that sends nothing for [`SNIFF_WAIT`] goes to the gRPC server, as before. With
-//! TLS to clients every connection goes to the gRPC server (HTTP/2 only).
+//! listener does (`cmux`: HTTP/2's connection preface, or anything else); over TLS by the
+//! protocol agreed by ALPN (`accept.rs`). HTTP/2 goes to the gRPC server; anything else is
+//! spliced, byte for byte, to an etcd endpoint (over TLS when etcd is reached over TLS), so
+//! etcd answers it, streaming gateway watches included. A plain-text connection that sends
+//! nothing for [`SNIFF_WAIT`] goes to the gRPC server, as before.
 //!
 //! etcd counterpart: `server/embed/serve.go` (`serveCtx.serve`: `cmux` with the `HTTP2()`
 //! matcher for gRPC and `Any()` for the HTTP mux and the gateway).
@@ -128,7 +128,7 @@ impl EtcdHttp {
     }
 
     /// Splices `client` to an etcd endpoint until either side closes.
-    pub(crate) async fn splice(self: Arc<Self>, mut client: TcpStream) {
+    pub(crate) async fn splice<C: AsyncRead + AsyncWrite + Unpin>(self: Arc<Self>, mut client: C) {
         let n = self.endpoints.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
@@ -171,7 +171,11 @@ impl EtcdHttp {
     }
 }
 
-async fn copy<S: AsyncRead + AsyncWrite + Unpin>(client: &mut TcpStream, mut etcd: S) {
+async fn copy<C, S>(client: &mut C, mut etcd: S)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let _ = tokio::io::copy_bidirectional(client, &mut etcd).await;
 }
 

@@ -7,6 +7,7 @@
 //! | `watch` | etcd `Watch` streams: the wire side of a watch session | etcd `v3rpc/watch.go` |
 //! | `kv` | etcd `Range` and `RangeStream` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go`, `v3_server.go` |
 //! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
+//! | `accept` | the gRPC port's connections: TLS with etcd's ALPN, HTTP/2 to the gRPC server, HTTP/1 to `http1` | etcd `embed/serve.go` |
 //! | `http1` | HTTP/1 on the gRPC port (etcd's JSON gateway, `/health`, `/version`), spliced to etcd | etcd `embed/serve.go` (`cmux`) |
 //! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
 //! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
@@ -17,6 +18,7 @@
 //! Kubernetes counterpart: how kube-apiserver wires one `Cacher` per resource in front of the
 //! etcd3 store (`storage/cacher/cacher.go` `NewCacherFromConfig`, the storage factory).
 
+mod accept;
 pub mod auth;
 mod forward;
 mod http1;
@@ -35,7 +37,6 @@ use std::time::Duration;
 use cacher_core::KeyRange;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::transport::{Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::cache::CacheHandle;
@@ -255,14 +256,6 @@ impl Server {
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .initial_connection_window_size(Some(16 << 20))
             .initial_stream_window_size(Some(4 << 20));
-        if let Some(tls) = &cfg.tls {
-            let mut t =
-                ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
-            if let Some(ca) = &tls.client_ca_pem {
-                t = t.client_ca_root(tonic::transport::Certificate::from_pem(ca));
-            }
-            builder = builder.tls_config(t).map_err(|e| format!("server TLS: {e}"))?;
-        }
         let routes = tonic::service::Routes::from(router);
         let mut stop = shutdown_rx.clone();
         // Every accepted socket without Nagle's algorithm: tonic's `tcp_nodelay` applies only
@@ -270,13 +263,18 @@ impl Server {
         // answer) would otherwise wait for the client's delayed ACK (about 40 ms).
         // Each connection's writes are gathered per scheduler round (`write_batch.rs`): one
         // revision's responses to all of a connection's streams leave in one write.
-        // Plain-text connections that are not HTTP/2 are etcd's HTTP/1 clients (`http1.rs`).
-        let etcd_http = match cfg.tls {
-            None => Some(Arc::new(http1::EtcdHttp::new(&cfg.upstream)?)),
-            Some(_) => None,
-        };
+        // TLS (terminated in `accept.rs`, with etcd's ALPN); connections that are not HTTP/2 are
+        // etcd's HTTP/1 clients (`http1.rs`).
+        let etcd_http = Arc::new(http1::EtcdHttp::new(&cfg.upstream)?);
+        let tls = cfg.tls.as_ref().map(accept::tls_acceptor).transpose()?;
         let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(64);
-        tasks.push(tokio::spawn(accept(grpc_listener, conn_tx, etcd_http, shutdown_rx.clone())));
+        tasks.push(tokio::spawn(accept::accept(
+            grpc_listener,
+            conn_tx,
+            etcd_http,
+            tls,
+            shutdown_rx.clone(),
+        )));
         let incoming = tokio_stream::wrappers::ReceiverStream::new(conn_rx);
         let serve = builder.add_routes(routes).serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.changed().await;
@@ -355,58 +353,5 @@ impl Server {
                 warn!("a task did not stop within 5 s");
             }
         }
-    }
-}
-
-type Accepted = Result<write_batch::WriteBatch<tokio::net::TcpStream>, std::io::Error>;
-
-/// Accepts gRPC clients: every socket without Nagle's algorithm, HTTP/2 to the gRPC server
-/// (through `conn_tx`), anything else spliced to etcd when `etcd_http` is given.
-async fn accept(
-    listener: TcpListener,
-    conn_tx: tokio::sync::mpsc::Sender<Accepted>,
-    etcd_http: Option<Arc<http1::EtcdHttp>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        let s = tokio::select! {
-            a = listener.accept() => match a {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // Out of file descriptors or memory: the listener is tried again shortly.
-                    // Anything else concerns one connection only (it was reset before it was
-                    // taken, say): the next is taken at once.
-                    // (ENFILE, EMFILE, ENOMEM, ENOBUFS on Linux.)
-                    if matches!(e.raw_os_error(), Some(23 | 24 | 12 | 105)) {
-                        warn!(error = %e, "accepting a gRPC connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
-        let _ = s.set_nodelay(true);
-        let Some(etcd_http) = etcd_http.clone() else {
-            if conn_tx.send(Ok(write_batch::WriteBatch::new(s))).await.is_err() {
-                return;
-            }
-            continue;
-        };
-        let conn_tx = conn_tx.clone();
-        let mut stop = stop.clone();
-        tokio::spawn(async move {
-            match http1::sniff_stream(&s).await {
-                // Spliced until either side closes, or the server stops (as etcd's own
-                // connections end when it stops).
-                http1::Sniffed::Other => tokio::select! {
-                    _ = etcd_http.splice(s) => {}
-                    _ = stop.changed() => {}
-                },
-                _ => {
-                    let _ = conn_tx.send(Ok(write_batch::WriteBatch::new(s))).await;
-                }
-            }
-        });
     }
 }
