@@ -324,4 +324,22 @@ async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
         .expect("read");
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     assert!(out.ends_with(r#"{"health":"true","reason":""}"#), "{out}");
+    // An HTTP/2 request that is not gRPC (what curl sends once TLS agreed on h2) is passed
+    // through to etcd, whose TLS port hands it to its HTTP handler.
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(env.grpc()).await.expect("connect");
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("HTTP/2");
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{}/health", env.grpc()))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("GET /health over HTTP/2");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], br#"{"health":"true","reason":""}"#);
 }
