@@ -1402,6 +1402,20 @@ impl WatchSession {
         }
     }
 
+    /// What any end of a relay clears: its id, the fragments it held, its place in the
+    /// progress query (which is asked again without it).
+    fn forget_relay(&mut self, id: i64, relay: RelayId) {
+        self.by_relay.remove(&relay);
+        if let Some(w) = self.watches.get_mut(&id) {
+            w.fragments = None;
+        }
+        if let Some(q) = self.query.as_mut() {
+            if q.relays.remove(&relay) {
+                q.blocked = true;
+            }
+        }
+    }
+
     fn on_relay_ended(
         &mut self,
         id: i64,
@@ -1409,9 +1423,8 @@ impl WatchSession {
         error: Option<String>,
         unavailable: bool,
     ) {
-        self.by_relay.remove(&relay);
-        let Some(w) = self.watches.get_mut(&id) else { return };
-        w.fragments = None;
+        self.forget_relay(id, relay);
+        let Some(w) = self.watches.get(&id) else { return };
         tracing::debug!(watch_id = id, ?error, unavailable, "relay ended");
         if !w.announced && w.created.is_none() && !unavailable {
             // etcd refused the create: its reason, as etcd's watch server would answer.
@@ -1424,29 +1437,16 @@ impl WatchSession {
             // relay tried again until etcd is back.
             self.announce_self(id);
         }
-        if let Some(q) = self.query.as_mut() {
-            if q.relays.remove(&relay) {
-                q.blocked = true;
-            }
-        }
         self.backoff(id);
         self.try_finish_query();
     }
 
     /// A relay that stopped for the session's sake is no failure of etcd's: the watch is taken
-    /// up at once after its last revision delivered (on its cache if the window holds it).
+    /// up at once after its last revision delivered (on its cache if the window holds it),
+    /// with no backoff.
     fn on_relay_paused(&mut self, id: i64, relay: RelayId) {
-        self.by_relay.remove(&relay);
-        let Some(w) = self.watches.get_mut(&id) else { return };
-        w.fragments = None;
-        tracing::debug!(watch_id = id, delivered = w.delivered, "relay paused");
-        w.source = Source::Waiting { until: self.now };
-        if let Some(q) = self.query.as_mut() {
-            if q.relays.remove(&relay) {
-                q.blocked = true;
-            }
-        }
-        self.invalidate_query(id);
+        self.forget_relay(id, relay);
+        tracing::debug!(watch_id = id, "relay paused");
         self.resume(id);
         self.try_finish_query();
     }
