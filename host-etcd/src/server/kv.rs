@@ -31,7 +31,7 @@ pub(crate) async fn range_route(
         PbRangeResponse,
         PbRangeRequest,
     >::default())
-    .max_decoding_message_size(ctx.max_request_bytes)
+    .max_decoding_message_size(ctx.largest_request())
     .max_encoding_message_size(usize::MAX);
     grpc.unary(tower::service_fn(move |r| range(ctx.clone(), r)), req).await
 }
@@ -45,7 +45,7 @@ pub(crate) async fn range_stream_route(
         PbRangeStreamResponse,
         PbRangeRequest,
     >::default())
-    .max_decoding_message_size(ctx.max_request_bytes)
+    .max_decoding_message_size(ctx.largest_request())
     .max_encoding_message_size(usize::MAX);
     grpc.server_streaming(tower::service_fn(move |r| range_stream(ctx.clone(), r)), req).await
 }
@@ -64,7 +64,7 @@ async fn range_stream(
     if let Some(resp) = from_cache(&ctx, &md, &r).await? {
         ctx.metrics().count_range(true);
         let header = resp.header.unwrap_or_default();
-        let chunks = range_chunks(resp, &r, header, ctx.chunk_target_bytes);
+        let chunks = range_chunks(resp, &r, header, ctx.max_request_bytes);
         return Ok(Response::new(Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))));
     }
     ctx.metrics().count_range(false);
@@ -148,7 +148,7 @@ pub(crate) async fn compact_route(
         PbCompactionResponse,
         PbCompactionRequest,
     >::default())
-    .max_decoding_message_size(ctx.max_request_bytes);
+    .max_decoding_message_size(ctx.largest_request());
     grpc.unary(tower::service_fn(move |r| compact(ctx.clone(), r)), req).await
 }
 

@@ -101,14 +101,18 @@ pub(crate) struct Ctx {
     /// The caches, the connection to etcd, the counters: what watch sessions share too.
     pub env: Arc<SessionEnv>,
     pub auth: Arc<AuthChecker>,
-    /// Largest request message decoded: etcd's `--max-request-bytes` and 2 MiB more, so that
-    /// a request etcd would refuse as too large reaches etcd and gets etcd's own answer.
+    /// etcd's `--max-request-bytes`: what RangeStream's chunks aim at, and (with 2 MiB more)
+    /// the largest request decoded.
     pub max_request_bytes: usize,
-    /// The size RangeStream's chunks aim at: etcd's `--max-request-bytes`.
-    pub chunk_target_bytes: usize,
 }
 
 impl Ctx {
+    /// The largest request message decoded: etcd's `--max-request-bytes` and 2 MiB more, so
+    /// that a request etcd would refuse as too large reaches etcd and gets etcd's own answer.
+    pub fn largest_request(&self) -> usize {
+        self.max_request_bytes.saturating_add(2 << 20)
+    }
+
     pub fn caches(&self) -> &[CacheHandle] {
         &self.env.caches
     }
@@ -192,12 +196,7 @@ impl Server {
             config: session_config(&cfg.cache, true),
             shutdown: shutdown_rx.clone(),
         });
-        let ctx = Arc::new(Ctx {
-            env,
-            auth,
-            max_request_bytes: cfg.cache.max_request_bytes.saturating_add(2 << 20),
-            chunk_target_bytes: cfg.cache.max_request_bytes,
-        });
+        let ctx = Arc::new(Ctx { env, auth, max_request_bytes: cfg.cache.max_request_bytes });
         {
             let ctx = ctx.clone();
             let mut stop = shutdown_rx.clone();

@@ -30,7 +30,7 @@ pub(crate) async fn route(
 ) -> http::Response<tonic::body::Body> {
     let (parts, body) = req.into_parts();
     let md = forwardable(&tonic::metadata::MetadataMap::from_headers(parts.headers));
-    let inbound = Streaming::new_request(WatchDecoder, body, None, Some(ctx.max_request_bytes));
+    let inbound = Streaming::new_request(WatchDecoder, body, None, Some(ctx.largest_request()));
     let mut driver = SessionDriver::new(ctx.env.clone(), md, inbound);
     std::future::poll_fn(|cx| {
         driver.poll_start(cx);
