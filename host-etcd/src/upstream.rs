@@ -53,6 +53,18 @@ pub struct UpstreamConfig {
     pub user: Option<(String, String)>,
 }
 
+impl UpstreamConfig {
+    /// Each endpoint as a URL: as given when it has a scheme, else `https://` when TLS to etcd
+    /// is configured and `http://` when not.
+    pub fn urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.endpoints
+            .iter()
+            .map(|e| if e.contains("://") { e.clone() } else { format!("{scheme}://{e}") })
+            .collect()
+    }
+}
+
 /// The connection to etcd.
 #[derive(Clone)]
 pub struct Upstream {
@@ -128,12 +140,7 @@ impl Upstream {
         if cfg.endpoints.is_empty() {
             return Err("no etcd endpoints".into());
         }
-        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-        let urls: Vec<String> = cfg
-            .endpoints
-            .iter()
-            .map(|e| if e.contains("://") { e.clone() } else { format!("{scheme}://{e}") })
-            .collect();
+        let urls = cfg.urls();
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));

@@ -102,24 +102,24 @@ pub(crate) struct EtcdHttp {
 }
 
 impl EtcdHttp {
-    /// From the upstream configuration (`host:port` or URLs; `https` with its TLS).
+    /// From the upstream configuration: the endpoints' URLs as the gRPC connections take them
+    /// ([`UpstreamConfig::urls`]).
     pub(crate) fn new(cfg: &UpstreamConfig) -> Result<EtcdHttp, String> {
-        let endpoints = cfg
-            .endpoints
-            .iter()
-            .map(|e| {
-                let (tls, rest) = match e.split_once("://") {
-                    Some((scheme, rest)) => (scheme.eq_ignore_ascii_case("https"), rest),
-                    None => (cfg.tls.is_some(), e.as_str()),
-                };
-                let addr = rest.trim_end_matches('/');
-                let host = match addr.rsplit_once(':') {
-                    Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
-                    None => addr,
-                };
-                Endpoint { addr: addr.to_owned(), host: host.to_owned(), tls }
-            })
-            .collect();
+        let mut endpoints = Vec::new();
+        for url in cfg.urls() {
+            let uri: http::Uri =
+                url.parse().map_err(|e| format!("bad etcd endpoint {url}: {e}"))?;
+            let tls = uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case("https"));
+            let Some(host) = uri.host() else {
+                return Err(format!("bad etcd endpoint {url}: no host"));
+            };
+            let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+            endpoints.push(Endpoint {
+                addr: format!("{host}:{port}"),
+                host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+                tls,
+            });
+        }
         let tls = match &cfg.tls {
             Some(t) => Some(tls_connector(t.ca_pem.as_deref(), t.identity_pem.as_ref())?),
             None => None,
