@@ -25,7 +25,6 @@ use tracing::{debug, warn};
 
 use super::http1::{self, EtcdHttp};
 use super::write_batch::WriteBatch;
-use super::ServerTls;
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
@@ -107,44 +106,6 @@ impl tonic::transport::server::Connected for Conn {
             Conn::Tls(s) => s.get_ref().0.connect_info(),
         }
     }
-}
-
-/// The server's TLS: its certificate, clients' certificates checked against `client_ca_pem`
-/// when given (then required, as tonic's and etcd's `--client-cert-auth`), and ALPN `h2`
-/// then `http/1.1`, as etcd's TLS port offers them.
-pub(crate) fn tls_acceptor(tls: &ServerTls) -> Result<TlsAcceptor, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_slice_iter(&tls.cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("--cert-file: {e}"))?;
-    let key =
-        PrivateKeyDer::from_pem_slice(&tls.key_pem).map_err(|e| format!("--key-file: {e}"))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("server TLS: {e}"))?;
-    let builder = match &tls.client_ca_pem {
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(ca) {
-                let c = c.map_err(|e| format!("--client-ca-file: {e}"))?;
-                roots.add(c).map_err(|e| format!("--client-ca-file: {e}"))?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .build()
-            .map_err(|e| format!("--client-ca-file: {e}"))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config =
-        builder.with_single_cert(certs, key).map_err(|e| format!("server TLS: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// Accepts clients until the server stops: HTTP/2 to the gRPC server (through `conn_tx`),

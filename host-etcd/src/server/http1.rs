@@ -121,7 +121,7 @@ impl EtcdHttp {
             });
         }
         let tls = match &cfg.tls {
-            Some(t) => Some(tls_connector(t.ca_pem.as_deref(), t.identity_pem.as_ref())?),
+            Some(t) => Some(super::tls::etcd_connector(t)?),
             None => None,
         };
         Ok(EtcdHttp { endpoints, tls, next: AtomicUsize::new(0) })
@@ -177,39 +177,6 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let _ = tokio::io::copy_bidirectional(client, &mut etcd).await;
-}
-
-fn tls_connector(
-    ca_pem: Option<&[u8]>,
-    identity: Option<&(Vec<u8>, Vec<u8>)>,
-) -> Result<tokio_rustls::TlsConnector, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(ca) = ca_pem {
-        for c in CertificateDer::pem_slice_iter(ca) {
-            let c = c.map_err(|e| format!("etcd CA: {e}"))?;
-            roots.add(c).map_err(|e| format!("etcd CA: {e}"))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS to etcd: {e}"))?
-        .with_root_certificates(roots);
-    let mut config = match identity {
-        Some((cert, key)) => {
-            let certs = CertificateDer::pem_slice_iter(cert)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("etcd client certificate: {e}"))?;
-            let key =
-                PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("etcd client key: {e}"))?;
-            builder.with_client_auth_cert(certs, key).map_err(|e| format!("TLS to etcd: {e}"))?
-        }
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
 #[cfg(test)]

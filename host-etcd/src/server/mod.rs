@@ -9,6 +9,7 @@
 //! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
 //! | `accept` | the gRPC port's connections: TLS with etcd's ALPN, HTTP/2 to the gRPC server, HTTP/1 to `http1` | etcd `embed/serve.go` |
 //! | `http1` | HTTP/1 on the gRPC port (etcd's JSON gateway, `/health`, `/version`), spliced to etcd | etcd `embed/serve.go` (`cmux`) |
+//! | `tls` | TLS configurations: the port's (etcd's ALPN, client certificates) and to etcd for `http1` | etcd `client/pkg/transport/listener.go` |
 //! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
 //! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
 //! | `prometheus` | the metrics as Prometheus text | `storage/cacher/metrics/metrics.go` |
@@ -25,6 +26,7 @@ mod http1;
 mod http_api;
 mod kv;
 pub mod prometheus;
+mod tls;
 mod watch;
 pub mod wire;
 mod write_batch;
@@ -265,7 +267,7 @@ impl Server {
         // TLS (terminated in `accept.rs`, with etcd's ALPN); connections that are not HTTP/2 are
         // etcd's HTTP/1 clients (`http1.rs`).
         let etcd_http = Arc::new(http1::EtcdHttp::new(&cfg.upstream)?);
-        let tls = cfg.tls.as_ref().map(accept::tls_acceptor).transpose()?;
+        let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
         let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(64);
         tasks.push(tokio::spawn(accept::accept(
             grpc_listener,
