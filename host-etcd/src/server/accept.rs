@@ -135,44 +135,39 @@ pub(crate) async fn accept(
             _ = stop.changed() => return,
         };
         let _ = s.set_nodelay(true);
-        let (conn_tx, etcd_http, tls, mut stop) =
+        let (conn_tx, etcd_http, tls, stop) =
             (conn_tx.clone(), etcd_http.clone(), tls.clone(), stop.clone());
         tokio::spawn(async move {
             let conn = match tls {
                 None => match http1::sniff_stream(&s).await {
-                    http1::Sniffed::Other => {
-                        // Spliced until either side closes, or the server stops (as etcd's own
-                        // connections end when it stops).
-                        tokio::select! {
-                            _ = etcd_http.splice(s) => {}
-                            _ = stop.changed() => {}
-                        }
-                        return;
-                    }
+                    http1::Sniffed::Other => return etcd_http.splice(s, stop).await,
                     _ => Conn::Plain(WriteBatch::new(s)),
                 },
                 Some(acceptor) => {
-                    let shake =
-                        tokio::time::timeout(HANDSHAKE_WAIT, acceptor.accept(WriteBatch::new(s)));
-                    let t = match shake.await {
-                        Ok(Ok(t)) => t,
-                        Ok(Err(e)) => {
-                            debug!(error = %e, "TLS handshake with a client");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
+                    let Some(t) = handshake(&acceptor, s).await else { return };
                     if t.get_ref().1.alpn_protocol() == Some(b"http/1.1".as_slice()) {
-                        tokio::select! {
-                            _ = etcd_http.splice(t) => {}
-                            _ = stop.changed() => {}
-                        }
-                        return;
+                        return etcd_http.splice(t, stop).await;
                     }
                     Conn::Tls(Box::new(t))
                 }
             };
             let _ = conn_tx.send(Ok(conn)).await;
         });
+    }
+}
+
+/// The client's TLS handshake, within [`HANDSHAKE_WAIT`]; `None` (the connection dropped) if it
+/// fails.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    s: TcpStream,
+) -> Option<TlsStream<WriteBatch<TcpStream>>> {
+    match tokio::time::timeout(HANDSHAKE_WAIT, acceptor.accept(WriteBatch::new(s))).await {
+        Ok(Ok(t)) => Some(t),
+        Ok(Err(e)) => {
+            debug!(error = %e, "TLS handshake with a client");
+            None
+        }
+        Err(_) => None,
     }
 }

@@ -127,8 +127,20 @@ impl EtcdHttp {
         Ok(EtcdHttp { endpoints, tls, next: AtomicUsize::new(0) })
     }
 
-    /// Splices `client` to an etcd endpoint until either side closes.
-    pub(crate) async fn splice<C: AsyncRead + AsyncWrite + Unpin>(self: Arc<Self>, mut client: C) {
+    /// Splices `client` to an etcd endpoint until either side closes, or the server stops (as
+    /// etcd's own connections end when it stops).
+    pub(crate) async fn splice<C: AsyncRead + AsyncWrite + Unpin>(
+        self: Arc<Self>,
+        client: C,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            _ = self.reach_etcd(client) => {}
+            _ = stop.changed() => {}
+        }
+    }
+
+    async fn reach_etcd<C: AsyncRead + AsyncWrite + Unpin>(&self, mut client: C) {
         let n = self.endpoints.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
