@@ -340,10 +340,7 @@ async fn a_lagging_watcher_catches_up_from_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_and_compacted_start_revisions() {
     let mut config = CacheConfig::default();
-    config.core.capacity = 8;
-    config.core.lower_bound_capacity = 8;
-    config.core.upper_bound_capacity = 8;
-    config.core.dynamic_capacity = false;
+    support::fixed_window(&mut config, 8);
     let (_etcd, mut client, cache, _txn, last) = setup("", config).await;
     for i in 0..20 {
         client.put(format!("/foo/n{i}"), "x", None).await.expect("put");
@@ -396,10 +393,7 @@ async fn the_examples_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_relayed_watches_hold_up_neither_the_cache_nor_other_calls() {
     let mut config = CacheConfig::default();
-    config.core.capacity = 8;
-    config.core.lower_bound_capacity = 8;
-    config.core.upper_bound_capacity = 8;
-    config.core.dynamic_capacity = false;
+    support::fixed_window(&mut config, 8);
     let (_etcd, mut client, cache, _txn, _last) = setup("/foo/", config).await;
     for i in 0..10 {
         client.put(format!("/foo/old/{i}"), "x", None).await.expect("put");
@@ -480,10 +474,7 @@ async fn random_library_readers(seed: u64) {
     support::init_tracing();
     let mut rng = Rng::new(seed.wrapping_add(3000));
     let mut config = CacheConfig::default();
-    config.core.capacity = 16;
-    config.core.lower_bound_capacity = 16;
-    config.core.upper_bound_capacity = 16;
-    config.core.dynamic_capacity = false;
+    support::fixed_window(&mut config, 16);
     config.rejoin_interval = Duration::from_millis(200);
     // Pauses often: readers stop for longer than this.
     config.relay_pause_after = Duration::from_millis(100);

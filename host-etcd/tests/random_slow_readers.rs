@@ -382,7 +382,7 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
     let etcd_opts =
         EtcdOptions { progress_notify_interval: Some(NOTIFY_INTERVAL), ..EtcdOptions::default() };
     let env = Env::start_with(etcd_opts, |cfg| {
-        support::fixed_window(cfg, 40);
+        support::fixed_window(&mut cfg.cache, 40);
         cfg.cache.progress_notify_interval = NOTIFY_INTERVAL;
         cfg.cache.grpc_credit = 16;
         cfg.cache.grpc_queue = 32;

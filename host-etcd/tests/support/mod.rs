@@ -27,12 +27,13 @@ pub fn test_config(etcd: &EmbeddedEtcd) -> ServeConfig {
     cfg
 }
 
-/// A fixed window of `capacity` events (no resizing).
-pub fn fixed_window(cfg: &mut ServeConfig, capacity: usize) {
-    cfg.cache.core.capacity = capacity;
-    cfg.cache.core.lower_bound_capacity = capacity;
-    cfg.cache.core.upper_bound_capacity = capacity;
-    cfg.cache.core.dynamic_capacity = false;
+/// A fixed window of `capacity` events (no resizing), for the server's caches
+/// (`&mut cfg.cache`) or a library cache.
+pub fn fixed_window(cfg: &mut host_etcd::CacheConfig, capacity: usize) {
+    cfg.core.capacity = capacity;
+    cfg.core.lower_bound_capacity = capacity;
+    cfg.core.upper_bound_capacity = capacity;
+    cfg.core.dynamic_capacity = false;
 }
 
 impl Env {
@@ -53,7 +54,7 @@ impl Env {
 
     /// With a fixed window of `capacity` events, so that old start revisions fall outside it.
     pub async fn start_with_window(capacity: usize) -> Env {
-        Env::start_with(EtcdOptions::default(), |cfg| fixed_window(cfg, capacity)).await
+        Env::start_with(EtcdOptions::default(), |cfg| fixed_window(&mut cfg.cache, capacity)).await
     }
 
     pub fn server(&self) -> &Server {
