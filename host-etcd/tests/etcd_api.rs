@@ -754,24 +754,6 @@ async fn writes_leases_txn_and_maintenance_pass_through() {
     assert_eq!(ds.version(), cs.version());
 }
 
-/// One HTTP/1.1 request on a new connection, `Connection: close`: the status and the body.
-async fn http1(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(T, s.read_to_end(&mut out)).await.expect("in time").expect("read");
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status");
-    (status, body.to_owned())
-}
-
 /// etcd serves HTTP/1 on its client port: the JSON gateway (`/v3/...`), `/health`,
 /// `/version`. On watchcache's gRPC port they answer as on etcd's (the connection is spliced to
 /// etcd), a gateway watch streams etcd's events, and gRPC on the same port goes on.
@@ -780,18 +762,24 @@ async fn http1_on_the_grpc_port_is_etcds() {
     let env = Env::start().await;
     let (etcd, wc) = (env.etcd.endpoint(), env.grpc());
     for path in ["/health", "/version", "/nothing-here"] {
-        let want = http1(&etcd, "GET", path, "").await;
-        let got = http1(&wc, "GET", path, "").await;
+        let want = support::http1(&etcd, "GET", path, "").await;
+        let got = support::http1(&wc, "GET", path, "").await;
         assert_eq!(got, want, "GET {path}");
     }
+    // HTTP/2 that is not gRPC: etcd's plain-text port hands all HTTP/2 to its gRPC server, and
+    // watchcache passes it through to that same server.
+    let want = support::h2_get(&etcd, "/health").await;
+    let got = support::h2_get(&wc, "/health").await;
+    eprintln!("HTTP/2 GET /health: etcd {want:?}, watchcache {got:?}");
+    assert_eq!((got.0, got.1), (want.0, want.1), "HTTP/2 GET /health: status and grpc-status");
     // A put through the gateway on watchcache's port; the same range answered by both.
     let (status, _) =
-        http1(&wc, "POST", "/v3/kv/put", r#"{"key":"L2cvaw==","value":"djE="}"#).await;
+        support::http1(&wc, "POST", "/v3/kv/put", r#"{"key":"L2cvaw==","value":"djE="}"#).await;
     assert_eq!(status, 200);
     let range = r#"{"key":"L2cvaw=="}"#;
     let parse = |b: &str| serde_json::from_str::<serde_json::Value>(b).expect("JSON");
-    let want = parse(&http1(&etcd, "POST", "/v3/kv/range", range).await.1);
-    let got = parse(&http1(&wc, "POST", "/v3/kv/range", range).await.1);
+    let want = parse(&support::http1(&etcd, "POST", "/v3/kv/range", range).await.1);
+    let got = parse(&support::http1(&wc, "POST", "/v3/kv/range", range).await.1);
     assert_eq!(got, want);
     assert_eq!(got["kvs"][0]["value"], "djE=");
     // A gateway watch through watchcache's port streams etcd's answer to a put made over gRPC

@@ -273,7 +273,6 @@ async fn https1(
 /// answered by etcd, as etcd answers it on its own TLS port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let p = pki();
     let dir = tempfile::tempdir().expect("dir");
     let file = |name: &str, pem: &str| {
@@ -313,33 +312,12 @@ async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
     let mut c = env.cached().await;
     c.put("/t/1", "x", None).await.expect("a put through watchcache, over TLS to etcd");
     assert_eq!(c.get("/t/1", None).await.expect("get").kvs().len(), 1);
-    let mut s = tokio::net::TcpStream::connect(env.grpc()).await.expect("connect");
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
-        .await
-        .expect("in time")
-        .expect("read");
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    assert!(out.ends_with(r#"{"health":"true","reason":""}"#), "{out}");
+    let (status, body) = support::http1(&env.grpc(), "GET", "/health", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.ends_with(r#"{"health":"true","reason":""}"#), "{body}");
     // An HTTP/2 request that is not gRPC (what curl sends once TLS agreed on h2) is passed
     // through to etcd, whose TLS port hands it to its HTTP handler.
-    use http_body_util::BodyExt;
-    let tcp = tokio::net::TcpStream::connect(env.grpc()).await.expect("connect");
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .expect("HTTP/2");
-    tokio::spawn(conn);
-    let req = http::Request::get(format!("http://{}/health", env.grpc()))
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("request");
-    let resp = h2.send_request(req).await.expect("GET /health over HTTP/2");
-    assert_eq!(resp.status(), 200);
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let (status, _, body) = support::h2_get(&env.grpc(), "/health").await;
+    assert_eq!(status, 200);
     assert_eq!(&body[..], br#"{"health":"true","reason":""}"#);
 }

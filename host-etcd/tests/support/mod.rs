@@ -242,3 +242,52 @@ pub async fn fragment_shapes(
     drop(tx);
     shapes
 }
+
+/// One HTTP/1.1 request on a new connection, `Connection: close`: the status and the body.
+pub async fn http1(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut out))
+        .await
+        .expect("in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status");
+    (status, body.to_owned())
+}
+
+/// One HTTP/2 GET (prior knowledge, plain text, no gRPC content type) on a new connection: the
+/// status, the `grpc-status` header if any, and the body.
+pub async fn h2_get(addr: &str, path: &str) -> (u16, Option<String>, Vec<u8>) {
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("HTTP/2");
+    tokio::spawn(conn);
+    let req = ::http::Request::get(format!("http://{addr}{path}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let resp = h2.send_request(req).await.expect("an HTTP/2 answer");
+    let status = resp.status().as_u16();
+    let grpc = |h: &::http::HeaderMap| {
+        h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    };
+    let mut grpc_status = grpc(resp.headers());
+    let collected = resp.into_body().collect().await.expect("body");
+    if grpc_status.is_none() {
+        grpc_status = collected.trailers().and_then(grpc);
+    }
+    (status, grpc_status, collected.to_bytes().to_vec())
+}
