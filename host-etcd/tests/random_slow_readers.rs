@@ -564,12 +564,16 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
                 ));
                 continue;
             }
-            if !w.strays.is_empty() || !d.strays.is_empty() {
+            if !w.strays.is_empty() {
                 violations.push(format!(
                     "seed {seed} stream {l} on watchcache: {:?} (etcd: {:?})",
                     w.strays, d.strays
                 ));
             }
+            // etcd's own strays (its `sendLoop` can send a canceled watch's last events after
+            // the cancel): printed with etcd's other answers, not failed on.
+            etcd_notes
+                .extend(d.strays.iter().map(|s| format!("seed {seed} stream {l} on etcd: {s}")));
             for (dr, wr) in d.recs.iter().zip(&w.recs) {
                 watches += 1;
                 events += dr.events().count();
