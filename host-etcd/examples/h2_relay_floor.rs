@@ -1,6 +1,7 @@
 //! A bare HTTP/2 relay: hyper's server in front, one hyper HTTP/2 client connection behind,
-//! every request forwarded unchanged with nothing else on the path (no routing, no tonic, no
-//! write batching). What watchcache's pass-through would cost if it were only HTTP/2.
+//! every request forwarded with its method, path and headers and nothing else on the path (no
+//! routing, no tonic, no write batching). What watchcache's pass-through would cost if it were
+//! only HTTP/2.
 //!
 //! `h2_relay_floor LISTEN UPSTREAM [WORKERS]` (WORKERS 0 = a current-thread runtime), then
 //! `passthrough_latency --target etcd=UPSTREAM --target relay=LISTEN`.
