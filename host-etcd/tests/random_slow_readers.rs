@@ -570,8 +570,9 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
                     w.strays, d.strays
                 ));
             }
-            // etcd's own strays (its `sendLoop` can send a canceled watch's last events after
-            // the cancel): printed with etcd's other answers, not failed on.
+            // etcd's own strays (its `sendLoop` keeps a canceled watch's last events in
+            // `pending[id]` and sends them to the next watch given that id): printed with
+            // etcd's other answers, not failed on.
             etcd_notes
                 .extend(d.strays.iter().map(|s| format!("seed {seed} stream {l} on etcd: {s}")));
             for (dr, wr) in d.recs.iter().zip(&w.recs) {
