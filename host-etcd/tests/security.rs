@@ -321,3 +321,150 @@ async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
     assert_eq!(status, 200);
     assert_eq!(&body[..], br#"{"health":"true","reason":""}"#);
 }
+
+/// HTTP/2 over TLS that is not gRPC (what `curl https://…/health` sends once ALPN agreed on
+/// `h2`) gets etcd's own answer, as on etcd's TLS port, which hands it to etcd's HTTP handler
+/// (`/health`, `/version`, the JSON gateway with its streaming watch). It must also when
+/// watchcache reaches etcd in plain text, where etcd's port would give HTTP/2 to its gRPC
+/// server: each answer is compared with the one etcd's own TLS port gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_http2_that_is_not_grpc_gets_etcds_answer() {
+    use http_body_util::BodyExt;
+    let p = pki();
+    let dir = tempfile::tempdir().expect("dir");
+    let file = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).expect("write");
+        path.display().to_string()
+    };
+    let (cert, key, ca) = (
+        file("server.pem", &p.server.0),
+        file("server.key", &p.server.1),
+        file("ca.pem", &p.ca_pem),
+    );
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
+    };
+    let (plain, peer, secure) = (free(), free(), free());
+    let opts = EtcdOptions {
+        ports: Some((plain, peer)),
+        extra_args: vec![
+            format!("--listen-client-urls=http://127.0.0.1:{plain},https://127.0.0.1:{secure}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{plain}"),
+            format!("--cert-file={cert}"),
+            format!("--key-file={key}"),
+            format!("--trusted-ca-file={ca}"),
+            "--client-cert-auth".into(),
+        ],
+        ..Default::default()
+    };
+    // watchcache: TLS to its clients, plain text to etcd.
+    let env = Env::start_with(opts, |cfg| {
+        cfg.tls = Some(ServerTls {
+            cert_pem: p.server.0.clone().into_bytes(),
+            key_pem: p.server.1.clone().into_bytes(),
+            client_ca_pem: Some(p.ca_pem.clone().into_bytes()),
+        });
+    })
+    .await;
+    let mut direct = env.direct().await;
+    direct.put("/t/1", "x", None).await.expect("put");
+    let etcd_tls = format!("127.0.0.1:{secure}");
+    let range = r#"{"key":"L3QvMQ=="}"#; // "/t/1"
+    for (method, path, body) in [
+        ("GET", "/health", ""),
+        ("GET", "/version", ""),
+        ("POST", "/v3/kv/range", range),
+        ("GET", "/no/such/path", ""),
+    ] {
+        let want = h2_tls(&etcd_tls, &p, method, path, body).await;
+        let got = h2_tls(&env.grpc(), &p, method, path, body).await;
+        let (ws, wt, wb) = (want.status(), content_type(&want), want.into_body());
+        let (gs, gt, gb) = (got.status(), content_type(&got), got.into_body());
+        let wb = wb.collect().await.expect("etcd's body").to_bytes();
+        let gb = gb.collect().await.expect("watchcache's body").to_bytes();
+        assert_eq!((gs, &gt, &gb), (ws, &wt, &wb), "{method} {path}: watchcache's answer, etcd's");
+        assert!(ws != 404 || path == "/no/such/path", "{path}: etcd answered 404");
+    }
+    // The gateway's watch streams its answers as they come, through watchcache too.
+    let resp =
+        h2_tls(&env.grpc(), &p, "POST", "/v3/watch", r#"{"create_request":{"key":"L3QvMg=="}}"#)
+            .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut seen = String::new();
+    read_until(&mut body, &mut seen, r#""created":true"#).await;
+    direct.put("/t/2", "y", None).await.expect("put");
+    read_until(&mut body, &mut seen, r#""key":"L3QvMg==""#).await; // "/t/2"
+}
+
+/// Reads `body` into `seen` until `want` is in it (10 s at most).
+async fn read_until(body: &mut hyper::body::Incoming, seen: &mut String, want: &str) {
+    use http_body_util::BodyExt;
+    while !seen.contains(want) {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("no {want} in 10 s: {seen}"))
+            .expect("the watch's stream ended")
+            .expect("the watch's stream");
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+}
+
+fn content_type(r: &::http::Response<hyper::body::Incoming>) -> Option<String> {
+    r.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// One HTTP/2 request over TLS (ALPN `h2`, the client certificate of `p`), as curl sends it to
+/// an https URL; the answer with its body still to read.
+async fn h2_tls(
+    addr: &str,
+    p: &Pki,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> ::http::Response<hyper::body::Incoming> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::sync::Arc;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(p.ca_pem.as_bytes()) {
+        roots.add(c.expect("CA")).expect("CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = CertificateDer::pem_slice_iter(p.client.0.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certificate");
+    let key = PrivateKeyDer::from_pem_slice(p.client.1.as_bytes()).expect("key");
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .expect("identity");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::try_from("localhost").expect("name");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()), "{addr}: ALPN");
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .expect("HTTP/2");
+    tokio::spawn(conn);
+    let mut req = ::http::Request::builder().method(method).uri(format!("https://localhost{path}"));
+    if !body.is_empty() {
+        req = req.header("content-type", "application/json");
+    }
+    let req =
+        req.body(http_body_util::Full::new(bytes::Bytes::from(body.to_owned()))).expect("request");
+    tokio::time::timeout(Duration::from_secs(10), h2.send_request(req))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path} at {addr}: no answer in 10 s"))
+        .expect("an HTTP/2 answer")
+}

@@ -5,7 +5,9 @@
 //!
 //! TLS is terminated here rather than by tonic because tonic's offers `h2` alone: a client of
 //! etcd's HTTP endpoints over TLS (`curl --cacert ca.pem https://etcd:2379/health`) asks for
-//! `http/1.1` too, and must be told apart before HTTP/2 is spoken.
+//! `http/1.1` too, and must be told apart before HTTP/2 is spoken. When such a client agrees on
+//! `h2` instead (curl does by default), its requests are told apart by their content type
+//! (`http1::EtcdHttp::request`), as etcd's TLS port does.
 //!
 //! etcd counterpart: `server/embed/serve.go` (`serveCtx.serve`: `cmux` in plain text; over TLS
 //! `tls.NewListener` with the transport's ALPN, then `grpcHandlerFunc` by protocol and content
@@ -97,14 +99,20 @@ impl AsyncWrite for Conn {
     }
 }
 
+/// What a call learns of its connection, in its request's extensions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnInfo {
+    /// TLS was terminated here: HTTP/2 that is not gRPC then goes to etcd's HTTP server, as
+    /// etcd's TLS port hands it to its HTTP handler (`grpcHandlerFunc`); etcd's plain-text port
+    /// gives every HTTP/2 connection to its gRPC server.
+    pub tls: bool,
+}
+
 impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        match self {
-            Conn::Plain(s) => s.connect_info(),
-            Conn::Tls(s) => s.get_ref().0.connect_info(),
-        }
+        ConnInfo { tls: matches!(self, Conn::Tls(_)) }
     }
 }
 

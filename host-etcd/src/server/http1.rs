@@ -1,18 +1,21 @@
-//! HTTP/1 on the gRPC port, passed through to etcd. etcd's client port serves HTTP/2 to its
-//! gRPC server and everything else to its HTTP/1 server: the JSON gateway (`/v3/kv/range`,
-//! `/v3/watch`, ...), `/health`, `/livez`, `/readyz`, `/version` and `/metrics`. A client of
-//! etcd that uses them (a load balancer's health check, `curl` on the gateway) must find them
-//! on watchcache's port too, with etcd's own answers.
+//! etcd's HTTP server behind the gRPC port. etcd's client port serves gRPC to its gRPC server
+//! and everything else to its HTTP server: the JSON gateway (`/v3/kv/range`, `/v3/watch`, ...),
+//! `/health`, `/livez`, `/readyz`, `/version` and `/metrics`. A client of etcd that uses them (a
+//! load balancer's health check, `curl` on the gateway) must find them on watchcache's port too,
+//! with etcd's own answers.
 //!
 //! How: each accepted plain-text connection is told apart by its first bytes, as etcd's
 //! listener does (`cmux`: HTTP/2's connection preface, or anything else); over TLS by the
 //! protocol agreed by ALPN (`accept.rs`). HTTP/2 goes to the gRPC server; anything else is
 //! spliced, byte for byte, to an etcd endpoint (over TLS when etcd is reached over TLS), so
 //! etcd answers it, streaming gateway watches included. A plain-text connection that sends
-//! nothing for [`SNIFF_WAIT`] goes to the gRPC server, as before.
+//! nothing for [`SNIFF_WAIT`] goes to the gRPC server, as before. Over TLS, HTTP/2 requests
+//! that are not gRPC (by content type, as etcd's TLS port tells them) are sent to etcd's HTTP
+//! server as HTTP/1.1, one connection each ([`EtcdHttp::request`]): etcd's plain-text port,
+//! which watchcache may be using, would hand HTTP/2 to its gRPC server.
 //!
 //! etcd counterpart: `server/embed/serve.go` (`serveCtx.serve`: `cmux` with the `HTTP2()`
-//! matcher for gRPC and `Any()` for the HTTP mux and the gateway).
+//! matcher for gRPC and `Any()` for the HTTP mux and the gateway; `grpcHandlerFunc` over TLS).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -128,19 +131,77 @@ impl EtcdHttp {
     }
 
     /// Splices `client` to an etcd endpoint until either side closes, or the server stops (as
-    /// etcd's own connections end when it stops).
+    /// etcd's own connections end when it stops). No etcd reached: the client sees its
+    /// connection closed, as with etcd down.
     pub(crate) async fn splice<C: AsyncRead + AsyncWrite + Unpin>(
         self: Arc<Self>,
-        client: C,
+        mut client: C,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         tokio::select! {
-            _ = self.reach_etcd(client) => {}
+            _ = async {
+                if let Some(mut etcd) = self.connect().await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut etcd).await;
+                }
+            } => {}
             _ = stop.changed() => {}
         }
     }
 
-    async fn reach_etcd<C: AsyncRead + AsyncWrite + Unpin>(&self, mut client: C) {
+    /// One HTTP/2 request that is not gRPC, from a client over TLS, sent to etcd's HTTP server
+    /// as HTTP/1.1 on a connection of its own, and etcd's answer streamed back (a gateway watch
+    /// for as long as the client keeps it). Headers that belong to one HTTP/1 connection are
+    /// not carried over in either direction (RFC 9113, 8.2.2). etcd not reached: 502.
+    pub(crate) async fn request(
+        &self,
+        req: http::Request<axum::body::Body>,
+    ) -> http::Response<axum::body::Body> {
+        let Some(io) = self.connect().await else {
+            return bad_gateway("no etcd endpoint reached");
+        };
+        let (mut sender, conn) =
+            match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
+                Ok(x) => x,
+                Err(e) => return bad_gateway(&format!("HTTP/1 to etcd: {e}")),
+            };
+        // The connection lives until the answer is read or dropped.
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "HTTP/1 to etcd for an HTTP/2 request");
+            }
+        });
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut out =
+            http::Request::builder().method(parts.method).uri(path).version(http::Version::HTTP_11);
+        if let Some(authority) = parts.uri.authority() {
+            out = out.header(http::header::HOST, authority.as_str());
+        }
+        for (k, v) in parts.headers.iter() {
+            if !per_connection(k) && k != http::header::HOST {
+                out = out.header(k, v);
+            }
+        }
+        let Ok(out) = out.body(body) else {
+            return bad_gateway("the request could not be sent as HTTP/1.1");
+        };
+        let resp = match sender.send_request(out).await {
+            Ok(r) => r,
+            Err(e) => return bad_gateway(&format!("HTTP/1 to etcd: {e}")),
+        };
+        let (mut parts, body) = resp.into_parts();
+        parts.version = http::Version::HTTP_2;
+        let names: Vec<http::HeaderName> =
+            parts.headers.keys().filter(|k| per_connection(k)).cloned().collect();
+        for k in names {
+            parts.headers.remove(k);
+        }
+        http::Response::from_parts(parts, axum::body::Body::new(body))
+    }
+
+    /// A connection to an etcd endpoint, tried in turn from the next one, as the gRPC
+    /// connections reach it (over TLS when etcd is reached over TLS).
+    async fn connect(&self) -> Option<Box<dyn Io>> {
         let n = self.endpoints.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..n {
@@ -148,47 +209,66 @@ impl EtcdHttp {
             let tcp = match tokio::time::timeout(CONNECT_WAIT, TcpStream::connect(&ep.addr)).await {
                 Ok(Ok(t)) => t,
                 Ok(Err(e)) => {
-                    debug!(etcd = %ep.addr, error = %e, "HTTP/1 pass-through: etcd not reached");
+                    debug!(etcd = %ep.addr, error = %e, "HTTP pass-through: etcd not reached");
                     continue;
                 }
                 Err(_) => {
-                    debug!(etcd = %ep.addr, "HTTP/1 pass-through: etcd not reached in time");
+                    debug!(etcd = %ep.addr, "HTTP pass-through: etcd not reached in time");
                     continue;
                 }
             };
             let _ = tcp.set_nodelay(true);
             match (&self.tls, ep.tls) {
-                (_, false) => copy(&mut client, tcp).await,
+                (_, false) => return Some(Box::new(tcp)),
                 (None, true) => {
-                    debug!(etcd = %ep.addr, "HTTP/1 pass-through: https without TLS settings");
-                    continue;
+                    debug!(etcd = %ep.addr, "HTTP pass-through: https without TLS settings");
                 }
                 (Some(c), true) => {
                     let Ok(name) = rustls_pki_types::ServerName::try_from(ep.host.clone()) else {
                         continue;
                     };
                     match tokio::time::timeout(CONNECT_WAIT, c.connect(name, tcp)).await {
-                        Ok(Ok(t)) => copy(&mut client, t).await,
+                        Ok(Ok(t)) => return Some(Box::new(t)),
                         Ok(Err(e)) => {
-                            debug!(etcd = %ep.addr, error = %e, "HTTP/1 pass-through: TLS to etcd");
-                            continue;
+                            debug!(etcd = %ep.addr, error = %e, "HTTP pass-through: TLS to etcd");
                         }
-                        Err(_) => continue,
+                        Err(_) => {}
                     }
                 }
             }
-            return;
         }
-        // No etcd reached: the client sees its connection closed, as with etcd down.
+        None
     }
 }
 
-async fn copy<C, S>(client: &mut C, mut etcd: S)
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let _ = tokio::io::copy_bidirectional(client, &mut etcd).await;
+/// A byte stream to etcd's HTTP server: TCP, or TLS over it.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Whether a request is gRPC, as etcd's `grpcHandlerFunc` tells it: by its content type.
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/grpc"))
+}
+
+/// Headers that belong to one HTTP/1 connection, which HTTP/2 does not carry.
+fn per_connection(name: &http::HeaderName) -> bool {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    name == CONNECTION
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name == TE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+fn bad_gateway(why: &str) -> http::Response<axum::body::Body> {
+    debug!(why, "HTTP/2 pass-through to etcd");
+    let mut r = http::Response::new(axum::body::Body::from(format!("etcd not reached: {why}\n")));
+    *r.status_mut() = http::StatusCode::BAD_GATEWAY;
+    r
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! | `kv` | etcd `Range` and `RangeStream` from the cache, `Compact` | etcd `v3rpc/key.go`, `txn/range.go`, `v3_server.go` |
 //! | `forward` | every other call, passed through to etcd | the gRPC proxy's per-service forwarding |
 //! | `accept` | the gRPC port's connections: TLS with etcd's ALPN, HTTP/2 to the gRPC server, HTTP/1 to `http1` | etcd `embed/serve.go` |
-//! | `http1` | HTTP/1 on the gRPC port (etcd's JSON gateway, `/health`, `/version`), spliced to etcd | etcd `embed/serve.go` (`cmux`) |
+//! | `http1` | what is not gRPC on the gRPC port (etcd's JSON gateway, `/health`, `/version`): HTTP/1 spliced to etcd, HTTP/2 over TLS sent to it as HTTP/1.1 | etcd `embed/serve.go` (`cmux`, `grpcHandlerFunc`) |
 //! | `tls` | TLS configurations: the port's (etcd's ALPN, client certificates) and to etcd for `http1` | etcd `client/pkg/transport/listener.go` |
 //! | `auth` | what a client may read, decided by etcd, cached briefly | etcd `auth/store.go`, `isWatchPermitted` |
 //! | `http_api` | `/metrics`, `/healthz`, `/readyz`, `/debug/state`, Kubernetes-style list/watch | apiserver `endpoints/handlers` |
@@ -217,6 +217,8 @@ impl Server {
             .await
             .map_err(|e| format!("listening for gRPC on {}: {e}", cfg.listen_grpc))?;
         let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+        // etcd's HTTP server, for what is not gRPC (`http1.rs`).
+        let etcd_http = Arc::new(http1::EtcdHttp::new(&cfg.upstream)?);
         let router = {
             let (c1, c2, c3, c4) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
             axum::Router::new()
@@ -250,6 +252,23 @@ impl Server {
                 .fallback(move |req: http::Request<axum::body::Body>| {
                     forward::forward(c4.clone(), req)
                 })
+                // Over TLS, HTTP/2 that is not gRPC goes to etcd's HTTP server whatever its
+                // path, as etcd's TLS port hands it to its HTTP handler.
+                .layer(axum::middleware::from_fn({
+                    let etcd_http = etcd_http.clone();
+                    move |req: axum::extract::Request, next: axum::middleware::Next| {
+                        let etcd_http = etcd_http.clone();
+                        async move {
+                            let tls =
+                                req.extensions().get::<accept::ConnInfo>().is_some_and(|c| c.tls);
+                            if tls && !http1::is_grpc(req.headers()) {
+                                etcd_http.request(req).await
+                            } else {
+                                next.run(req).await
+                            }
+                        }
+                    }
+                }))
         };
         let mut builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
@@ -266,7 +285,6 @@ impl Server {
         // revision's responses to all of a connection's streams leave in one write.
         // TLS (terminated in `accept.rs`, with etcd's ALPN); connections that are not HTTP/2 are
         // etcd's HTTP/1 clients (`http1.rs`).
-        let etcd_http = Arc::new(http1::EtcdHttp::new(&cfg.upstream)?);
         let tls = cfg.tls.as_ref().map(tls::acceptor).transpose()?;
         let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(64);
         tasks.push(tokio::spawn(accept::accept(
