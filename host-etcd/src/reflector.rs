@@ -130,11 +130,11 @@ pub(crate) async fn run(
         let (rev, mut live) = match sync(&prefix, &upstream, &metrics, &opts).await {
             Ok((msg, stream)) => {
                 let rev = match &msg {
-                    StorageMsg::Backfill { rv, revisions, objects, seen } => {
+                    StorageMsg::Backfill { rv, revisions, objects, seen, .. } => {
                         debug!(prefix = %name, list_revision = rv, revisions = revisions.len(), objects = objects.len(), "listed with the recent history");
                         (*seen).max(*rv)
                     }
-                    StorageMsg::Replace { rv, objects } => {
+                    StorageMsg::Replace { rv, objects, .. } => {
                         debug!(prefix = %name, revision = rv, objects = objects.len(), "listed");
                         *rv
                     }
@@ -250,13 +250,14 @@ async fn sync(
     opts: &ReflectorOptions,
 ) -> Result<(StorageMsg, Option<UpWatch>), String> {
     if opts.backfill_revisions == 0 {
-        let (rv, objects) = list(prefix, upstream, metrics, opts, 0).await.map_err(|e| e.0)?;
-        return Ok((StorageMsg::Replace { rv, objects }, None));
+        let (rv, objects, listed_at) =
+            list(prefix, upstream, metrics, opts, 0).await.map_err(|e| e.0)?;
+        return Ok((StorageMsg::Replace { rv, objects, listed_at }, None));
     }
     metrics.count_upstream_request("quorum_read");
     let now = upstream.current_revision(prefix).await?;
     let mut at = now.saturating_sub(opts.backfill_revisions).max(1);
-    let (rv, objects) = match list(prefix, upstream, metrics, opts, at).await {
+    let (rv, objects, listed_at) = match list(prefix, upstream, metrics, opts, at).await {
         Ok(x) => x,
         Err(ListError(e, true)) => {
             // S is compacted: etcd's compaction revision is where history starts.
@@ -269,10 +270,10 @@ async fn sync(
         Err(ListError(e, false)) => return Err(e),
     };
     if rv >= now {
-        return Ok((StorageMsg::Replace { rv, objects }, None));
+        return Ok((StorageMsg::Replace { rv, objects, listed_at }, None));
     }
     let (revisions, seen, stream) = history(prefix, upstream, metrics, opts, rv + 1, now).await?;
-    Ok((StorageMsg::Backfill { rv, objects, revisions, seen }, Some(stream)))
+    Ok((StorageMsg::Backfill { rv, objects, listed_at, revisions, seen }, Some(stream)))
 }
 
 /// etcd's history of the prefix from `from` through at least `until`, whole revisions, the
@@ -363,25 +364,28 @@ async fn open_watch(
 /// A failed list, and whether etcd said the revision is compacted.
 struct ListError(String, bool);
 
-/// A paginated list of the prefix at one revision (0 = the current one).
+/// A paginated list of the prefix at one revision (0 = the current one): the revision, the
+/// objects, and when the last page was asked for (etcd still had the revision then).
 async fn list(
     prefix: &[u8],
     upstream: &Upstream,
     metrics: &HostMetrics,
     opts: &ReflectorOptions,
     at: u64,
-) -> Result<(u64, Vec<Object>), ListError> {
+) -> Result<(u64, Vec<Object>, tokio::time::Instant), ListError> {
     let (start, end) = prefix_range(prefix);
     let mut kv = upstream.client.kv_client().max_decoding_message_size(opts.max_message_bytes);
     let mut key = start;
     let mut rev = at as i64;
     let mut objects = Vec::new();
+    let mut asked;
     loop {
         let mut o = GetOptions::new().with_range(end.clone()).with_limit(opts.page_size);
         if rev > 0 {
             o = o.with_revision(rev);
         }
         metrics.count_upstream_request("list");
+        asked = tokio::time::Instant::now();
         let mut resp = kv.get(key.clone(), Some(o)).await.map_err(|e| {
             let text = e.to_string();
             let compacted = text.contains("required revision has been compacted");
@@ -405,7 +409,7 @@ async fn list(
             _ => break,
         }
     }
-    Ok((rev.max(0) as u64, objects))
+    Ok((rev.max(0) as u64, objects, asked))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -154,6 +154,8 @@ pub(crate) enum Cmd {
     /// what the cache knew), or not below the cache's oldest revision.
     CompactionChecked {
         started: Instant,
+        /// The revision asked about.
+        oldest: u64,
         compacted: Option<u64>,
     },
     RequestProgress,
@@ -172,15 +174,19 @@ pub(crate) enum Cmd {
 /// What the reflector tells its cache.
 #[derive(Debug)]
 pub(crate) enum StorageMsg {
+    /// A list at `rv`. `listed_at`: when its last page was asked for; etcd's answer then said
+    /// it still had `rv` (the compaction gate counts it as a probe's).
     Replace {
         rv: u64,
         objects: Vec<Object>,
+        listed_at: Instant,
     },
     /// A list at `rv` and etcd's history after it, applied at once: the cache opens with a
     /// window over that history.
     Backfill {
         rv: u64,
         objects: Vec<Object>,
+        listed_at: Instant,
         revisions: Vec<(u64, Vec<Change>)>,
         seen: u64,
     },
@@ -467,10 +473,13 @@ struct Freshness {
 /// is served from memory only if etcd said, less than `compaction_probe` ago, that it still
 /// has the cache's oldest revision; otherwise it waits for one probe (shared by every such
 /// request meanwhile). At rest, or serving only the current revision, it costs etcd nothing.
+/// etcd's answer to the list a window starts from says as much as a probe's: after a restart
+/// or relist, watchers resuming inside the new window wait for no probe.
 #[derive(Default)]
 struct CompactionGate {
-    /// When the last answered probe was sent.
-    checked_at: Option<Instant>,
+    /// When etcd last said it still had a revision (a probe's or a list's request sent at that
+    /// instant), and the revision: it covers the revisions from there on.
+    checked: Option<(Instant, u64)>,
     in_flight: bool,
     held: Vec<Cmd>,
     /// Held requests being handled again: they pass.
@@ -729,8 +738,13 @@ impl CacheTask {
             _ => None,
         };
         let Some(at) = past else { return false };
-        at + 1 >= self.oldest_served()
-            && self.compaction.checked_at.is_none_or(|t| t.elapsed() >= period)
+        let oldest = self.oldest_served();
+        // What etcd said covers the oldest revision served now (a relist since may have
+        // moved the window back).
+        let covered = |&(t, rev): &(Instant, u64)| {
+            t.elapsed() < period && rev <= oldest.max(self.cacher.compacted_rv())
+        };
+        at + 1 >= oldest && !self.compaction.checked.as_ref().is_some_and(covered)
     }
 
     /// Holds `cmd` until a compaction probe answers (sending one if none is out).
@@ -750,7 +764,7 @@ impl CacheTask {
         tokio::spawn(async move {
             let started = Instant::now();
             let compacted = probe_compaction(&upstream, &metrics, &key, oldest).await;
-            let _ = tx.send(Cmd::CompactionChecked { started, compacted });
+            let _ = tx.send(Cmd::CompactionChecked { started, oldest, compacted });
         });
     }
 
@@ -852,12 +866,14 @@ impl CacheTask {
                 }
             }
             Cmd::Compacted { rv } => self.cacher.handle_compaction(now, rv),
-            Cmd::CompactionChecked { started, compacted } => {
+            Cmd::CompactionChecked { started, oldest, compacted } => {
                 if let Some(rv) = compacted {
                     info!(prefix = %String::from_utf8_lossy(&self.prefix), compacted = rv, "etcd was compacted; nothing below is served from the cache any more");
                     self.cacher.handle_compaction(now, rv);
                 }
-                self.compaction.checked_at = Some(started);
+                // Compacted: etcd still has its compaction revision, below which nothing is
+                // served from memory any more.
+                self.compaction.checked = Some((started, compacted.unwrap_or(oldest)));
                 self.compaction.in_flight = false;
                 let held = std::mem::take(&mut self.compaction.held);
                 self.compaction.releasing = true;
@@ -992,7 +1008,8 @@ impl CacheTask {
             _ => self.received_rv,
         };
         let result = match msg {
-            StorageMsg::Replace { rv, objects } => {
+            StorageMsg::Replace { rv, objects, listed_at } => {
+                self.compaction.checked = Some((listed_at, rv));
                 let n = objects.len();
                 let r = self.cacher.handle_replace(now, rv, objects);
                 if r.is_ok() {
@@ -1000,7 +1017,8 @@ impl CacheTask {
                 }
                 r
             }
-            StorageMsg::Backfill { rv, objects, revisions, seen } => {
+            StorageMsg::Backfill { rv, objects, listed_at, revisions, seen } => {
+                self.compaction.checked = Some((listed_at, rv));
                 let n = (objects.len(), revisions.len());
                 // No client is served in between: the cache opens at the end of the history.
                 let mut r = self.cacher.handle_replace(now, rv, objects);
