@@ -268,12 +268,10 @@ async fn https1(
     Ok(out)
 }
 
-/// watchcache in front of an etcd reached over TLS with a client certificate: gRPC goes
-/// through, and so does HTTP/1 on watchcache's port (spliced to etcd over TLS): `/health`
-/// answered by etcd, as etcd answers it on its own TLS port.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
-    let p = pki();
+/// An etcd with a plain-text client port (the one `Env` gives watchcache) and a TLS one
+/// (returned) that asks for a client certificate of `p`'s CA; the directory holds the PEM
+/// files, which etcd reads at each handshake.
+fn etcd_with_a_tls_port(p: &Pki) -> (EtcdOptions, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("dir");
     let file = |name: &str, pem: &str| {
         let path = dir.path().join(name);
@@ -293,7 +291,7 @@ async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
         ports: Some((plain, peer)),
         extra_args: vec![
             format!("--listen-client-urls=http://127.0.0.1:{plain},https://127.0.0.1:{secure}"),
-            format!("--advertise-client-urls=https://127.0.0.1:{secure}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{plain}"),
             format!("--cert-file={cert}"),
             format!("--key-file={key}"),
             format!("--trusted-ca-file={ca}"),
@@ -301,6 +299,16 @@ async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
         ],
         ..Default::default()
     };
+    (opts, secure, dir)
+}
+
+/// watchcache in front of an etcd reached over TLS with a client certificate: gRPC goes
+/// through, and so does HTTP/1 on watchcache's port (spliced to etcd over TLS): `/health`
+/// answered by etcd, as etcd answers it on its own TLS port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
+    let p = pki();
+    let (opts, secure, _dir) = etcd_with_a_tls_port(&p);
     let env = Env::start_with(opts, |cfg| {
         cfg.upstream.endpoints = vec![format!("https://localhost:{secure}")];
         cfg.upstream.tls = Some(host_etcd::upstream::EtcdTls {
@@ -331,33 +339,7 @@ async fn to_an_etcd_over_tls_grpc_and_http1_go_through() {
 async fn over_tls_http2_that_is_not_grpc_gets_etcds_answer() {
     use http_body_util::BodyExt;
     let p = pki();
-    let dir = tempfile::tempdir().expect("dir");
-    let file = |name: &str, pem: &str| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, pem).expect("write");
-        path.display().to_string()
-    };
-    let (cert, key, ca) = (
-        file("server.pem", &p.server.0),
-        file("server.key", &p.server.1),
-        file("ca.pem", &p.ca_pem),
-    );
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
-    };
-    let (plain, peer, secure) = (free(), free(), free());
-    let opts = EtcdOptions {
-        ports: Some((plain, peer)),
-        extra_args: vec![
-            format!("--listen-client-urls=http://127.0.0.1:{plain},https://127.0.0.1:{secure}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{plain}"),
-            format!("--cert-file={cert}"),
-            format!("--key-file={key}"),
-            format!("--trusted-ca-file={ca}"),
-            "--client-cert-auth".into(),
-        ],
-        ..Default::default()
-    };
+    let (opts, secure, _dir) = etcd_with_a_tls_port(&p);
     // watchcache: TLS to its clients, plain text to etcd.
     let env = Env::start_with(opts, |cfg| {
         cfg.tls = Some(ServerTls {
