@@ -239,10 +239,16 @@ async fn sleep_or_shutdown(d: Duration, shutdown: &mut watch::Receiver<bool>) ->
 /// restart of watchcache, or a relist) are served from memory instead of each going to etcd.
 /// Without it (0: Kubernetes' own behaviour) it is a list at the current revision.
 ///
-/// Cost on etcd: one count-free read of one key (the current revision), one paginated list at S
-/// (as costly as a list now), and one watch replaying at most `backfill_revisions` revisions of
-/// the prefix from etcd's history; when S is compacted, one more watch learns the compaction
-/// revision and the list is taken there.
+/// The history comes first and the list at S last: etcd replays an unsynced watcher's history
+/// 1 000 revisions per 100 ms round, so a list made first would be a second or more old when
+/// the cache opens, and watchers resuming at once would wait for a compaction probe; the list's
+/// answer, last, says that etcd still has S as the cache starts serving (`CompactionGate`).
+///
+/// Cost on etcd: one count-free read of one key (the current revision), one watch replaying at
+/// most `backfill_revisions` revisions of the prefix from etcd's history (it goes on as the
+/// live watch), and one paginated list at S (as costly as a list now); when S is compacted,
+/// etcd's cancel of the history watch names the compaction revision, and one more watch starts
+/// there.
 async fn sync(
     prefix: &[u8],
     upstream: &Upstream,
@@ -257,23 +263,66 @@ async fn sync(
     metrics.count_upstream_request("quorum_read");
     let now = upstream.current_revision(prefix).await?;
     let mut at = now.saturating_sub(opts.backfill_revisions).max(1);
+    if at >= now {
+        let (rv, objects, listed_at) =
+            list(prefix, upstream, metrics, opts, at).await.map_err(|e| e.0)?;
+        return Ok((StorageMsg::Replace { rv, objects, listed_at }, None));
+    }
+    let (mut revisions, seen, stream) = match history(prefix, upstream, metrics, opts, at + 1, now)
+        .await
+    {
+        Ok(h) => h,
+        Err(HistoryError::Compacted(c)) => {
+            // S is compacted: etcd's compaction revision is where history starts.
+            debug!(compacted = c, "the backfill's start is compacted; starting at the compaction");
+            at = c.max(at);
+            history(prefix, upstream, metrics, opts, at + 1, now).await.map_err(|e| e.text())?
+        }
+        Err(HistoryError::Failed(e)) => return Err(e),
+    };
     let (rv, objects, listed_at) = match list(prefix, upstream, metrics, opts, at).await {
         Ok(x) => x,
         Err(ListError(e, true)) => {
-            // S is compacted: etcd's compaction revision is where history starts.
+            // Compacted past S since the history came: the list at the compaction revision,
+            // and the history after it.
             metrics.count_upstream_request("watch");
             let compacted = upstream.compaction_revision(prefix, at).await?;
-            debug!(error = %e, compacted, "the backfill's start is compacted; starting at the compaction");
+            debug!(error = %e, compacted, "the backfill's start was compacted meanwhile");
             at = compacted.max(at);
             list(prefix, upstream, metrics, opts, at).await.map_err(|e| e.0)?
         }
         Err(ListError(e, false)) => return Err(e),
     };
-    if rv >= now {
-        return Ok((StorageMsg::Replace { rv, objects, listed_at }, None));
-    }
-    let (revisions, seen, stream) = history(prefix, upstream, metrics, opts, rv + 1, now).await?;
+    revisions.retain(|(r, _)| *r > rv);
     Ok((StorageMsg::Backfill { rv, objects, listed_at, revisions, seen }, Some(stream)))
+}
+
+/// Why etcd's history did not come.
+enum HistoryError {
+    /// etcd compacted it: its compaction revision.
+    Compacted(u64),
+    Failed(String),
+}
+
+impl HistoryError {
+    fn text(self) -> String {
+        match self {
+            HistoryError::Compacted(c) => format!("etcd compacted the history at {c}"),
+            HistoryError::Failed(e) => e,
+        }
+    }
+}
+
+impl From<String> for HistoryError {
+    fn from(e: String) -> HistoryError {
+        HistoryError::Failed(e)
+    }
+}
+
+impl From<&str> for HistoryError {
+    fn from(e: &str) -> HistoryError {
+        HistoryError::Failed(e.to_owned())
+    }
 }
 
 /// etcd's history of the prefix from `from` through at least `until`, whole revisions, the
@@ -286,7 +335,7 @@ async fn history(
     opts: &ReflectorOptions,
     from: u64,
     until: u64,
-) -> Result<(Vec<(u64, Vec<Change>)>, u64, UpWatch), String> {
+) -> Result<(Vec<(u64, Vec<Change>)>, u64, UpWatch), HistoryError> {
     let UpWatch { tx: mut sender, rx: mut stream, mut main_id } =
         open_watch(prefix, upstream, metrics, opts, from).await?;
     let mut out: Vec<(u64, Vec<Change>)> = Vec::new();
@@ -307,10 +356,10 @@ async fn history(
         };
         let resp = m.map_err(|e| e.to_string())?.ok_or("etcd closed the history watch")?;
         if resp.compact_revision() > 0 {
-            return Err(format!("etcd compacted the history at {}", resp.compact_revision()));
+            return Err(HistoryError::Compacted(resp.compact_revision() as u64));
         }
         if resp.canceled() {
-            return Err(format!("etcd canceled the history watch: {}", resp.cancel_reason()));
+            return Err(format!("etcd canceled the history watch: {}", resp.cancel_reason()).into());
         }
         if resp.created() {
             main_id = Some(resp.watch_id());

@@ -102,3 +102,86 @@ async fn without_the_backfill_every_resuming_watcher_goes_to_etcd() {
     let (relayed, _) = restart_with(0).await;
     assert_eq!(relayed, WATCHERS, "Kubernetes' behaviour: the new window starts at the list");
 }
+
+/// A restart after etcd was compacted inside the backfill's reach: etcd's cancel of the history
+/// watch names the compaction revision C, and the new window starts there. The cache then
+/// answers as etcd at every revision from C on (Ranges at past revisions, a watch from C + 1,
+/// each event once, none of it from etcd), and below C etcd's own ErrCompacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_a_compaction_starts_the_window_at_it() {
+    let mut env = Env::start_with(EtcdOptions::default(), |cfg| {
+        cfg.cache.reflector.backfill_revisions = 10_000;
+    })
+    .await;
+    let mut direct = env.direct().await;
+    let mut put = async |k: String, v: String| {
+        direct.put(k, v, None).await.expect("put").header().expect("h").revision()
+    };
+    let mut last = 0;
+    for i in 0..200 {
+        last = put(format!("/c/k{}", i % 20), format!("v{i}")).await;
+    }
+    let compacted = last - 50;
+    env.stop_server().await;
+    let mut direct = env.direct().await;
+    direct
+        .compact(compacted, Some(etcd_client::CompactionOptions::new().with_physical()))
+        .await
+        .expect("compact");
+    for i in 0..10 {
+        last = direct
+            .put(format!("/c/k{i}"), "after", None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+    }
+    let server = Server::start(env.cfg.clone()).await.expect("restart");
+    assert!(server.wait_ready(Duration::from_secs(20)).await);
+    env.server = Some(server);
+    let mut cached = env.cached().await;
+    let prefix = |rev: i64| Some(etcd_client::GetOptions::new().with_prefix().with_revision(rev));
+    for rev in [compacted, compacted + 1, compacted + 25, last - 1, last] {
+        let want = direct.get("/c/", prefix(rev)).await.expect("etcd's range");
+        let got = cached.get("/c/", prefix(rev)).await.expect("watchcache's range");
+        let kvs = |r: &etcd_client::GetResponse| {
+            let kvs: Vec<_> = r
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    let v = (kv.key().to_vec(), kv.value().to_vec(), kv.version(), kv.lease());
+                    (v, kv.create_revision(), kv.mod_revision())
+                })
+                .collect();
+            (kvs, r.count())
+        };
+        assert_eq!(kvs(&got), kvs(&want), "at {rev}");
+    }
+    let below = cached.get("/c/", prefix(compacted - 1)).await.map(|_| ());
+    assert!(
+        matches!(&below, Err(e) if e.to_string().contains("required revision has been compacted")),
+        "{below:?}"
+    );
+    let from = compacted + 1;
+    let mut s = cached
+        .watch("/c/", Some(WatchOptions::new().with_prefix().with_start_revision(from)))
+        .await
+        .expect("watch");
+    let mut rec = Recorded {
+        name: "from the compaction".into(),
+        key: b"/c/".to_vec(),
+        range_end: b"/c0".to_vec(),
+        start_rev: from,
+        ..Default::default()
+    };
+    collect(&mut s, &mut rec, last, Duration::from_secs(20)).await;
+    assert!(rec.last_rev() >= last, "stuck at {}", rec.last_rev());
+    let hist = support::conformance::history_from(&mut direct, from, last).await;
+    let violations = check(&hist, &rec);
+    assert!(violations.is_empty(), "{violations:?}");
+    let m = env.server().metrics();
+    assert_eq!(m.watches().1, 0, "the watch from the compaction is served from memory");
+    // The history watch canceled at S = 1, then one from C + 1: two watches, one list.
+    assert_eq!((m.upstream_requests("list"), m.upstream_requests("watch")), (1, 2));
+}
