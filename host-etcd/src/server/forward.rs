@@ -18,8 +18,16 @@ pub(crate) async fn forward(
     ctx: Arc<Ctx>,
     req: http::Request<axum::body::Body>,
 ) -> http::Response<tonic::body::Body> {
+    ctx.metrics().count_upstream_request(&format!("forward:{}", req.uri().path()));
+    relay(&ctx, req).await
+}
+
+/// Sends a call to etcd as it came, and returns etcd's answer as it comes.
+pub(crate) async fn relay(
+    ctx: &Arc<Ctx>,
+    req: http::Request<axum::body::Body>,
+) -> http::Response<tonic::body::Body> {
     let path = req.uri().path().to_owned();
-    ctx.metrics().count_upstream_request(&format!("forward:{path}"));
     let (parts, body) = req.into_parts();
     let mut builder =
         http::Request::builder().method(parts.method.clone()).version(http::Version::HTTP_2);
@@ -49,7 +57,7 @@ pub(crate) async fn forward(
     match resp {
         Ok(r) => {
             if r.status() == http::StatusCode::OK {
-                after_success(&ctx, &path);
+                after_success(ctx, &path);
             }
             r
         }

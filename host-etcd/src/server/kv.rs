@@ -14,6 +14,7 @@ use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbRangeRequest, PbRangeResponse,
     PbRangeStreamResponse, PbResponseHeader,
 };
+use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::Ctx;
@@ -22,18 +23,74 @@ use crate::library::{range_from_cache, RangeQuery};
 use crate::session::driver::is_refusal;
 use crate::upstream::{forwardable, no_leader_status, requires_leader};
 
-/// The axum route for `/etcdserverpb.KV/Range`.
+/// The axum route for `/etcdserverpb.KV/Range`: answered from the cache where etcd would give
+/// the same answer; otherwise passed through as it came, its bytes to etcd and etcd's answer's
+/// bytes back, so that nothing of either is decoded and encoded again (a large Range outside
+/// the cached prefixes costs no copy of its answer here) and fields this build does not know
+/// reach etcd.
 pub(crate) async fn range_route(
     ctx: Arc<Ctx>,
     req: http::Request<axum::body::Body>,
 ) -> http::Response<tonic::body::Body> {
+    let limit = ctx.largest_request();
+    let (parts, body) = req.into_parts();
+    // A unary call's body is one length-prefixed message (5 bytes before it).
+    let bytes = match axum::body::to_bytes(body, limit.saturating_add(5)).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Status::resource_exhausted(format!("the request could not be read: {e}"))
+                .into_http();
+        }
+    };
+    let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
+    let rebuilt = http::Request::from_parts(parts, axum::body::Body::from(bytes));
+    let answer = match &decoded {
+        // Compressed, cut short, too large or not a RangeRequest: tonic's own answer.
+        None => None,
+        Some(r) => {
+            let md =
+                forwardable(&tonic::metadata::MetadataMap::from_headers(rebuilt.headers().clone()));
+            match from_cache(&ctx, &md, r).await {
+                Ok(None) => {
+                    ctx.metrics().count_range(false);
+                    ctx.metrics().count_upstream_request("range");
+                    return super::forward::relay(&ctx, rebuilt).await;
+                }
+                Ok(Some(resp)) => {
+                    ctx.metrics().count_range(true);
+                    Some(Ok(Response::new(resp)))
+                }
+                Err(s) => Some(Err(s)),
+            }
+        }
+    };
     let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
         PbRangeResponse,
         PbRangeRequest,
     >::default())
-    .max_decoding_message_size(ctx.largest_request())
+    .max_decoding_message_size(limit)
     .max_encoding_message_size(usize::MAX);
-    grpc.unary(tower::service_fn(move |r| range(ctx.clone(), r)), req).await
+    let mut answer = answer;
+    let service = tower::service_fn(move |r: Request<PbRangeRequest>| {
+        let answer = answer.take();
+        let ctx = ctx.clone();
+        async move {
+            match answer {
+                Some(a) => a,
+                None => range(ctx, r).await,
+            }
+        }
+    });
+    grpc.unary(service, rebuilt).await
+}
+
+/// The message of a unary call's body, if it is one uncompressed message of at most `limit`
+/// bytes, whole.
+fn grpc_message(body: &[u8], limit: usize) -> Option<&[u8]> {
+    let (&compressed, rest) = body.split_first()?;
+    let (len, message) = rest.split_first_chunk::<4>()?;
+    let len = u32::from_be_bytes(*len) as usize;
+    (compressed == 0 && len == message.len() && len <= limit).then_some(message)
 }
 
 /// The axum route for `/etcdserverpb.KV/RangeStream` (etcd 3.7).
@@ -200,6 +257,8 @@ fn cacheable(r: &PbRangeRequest) -> Option<RangeQuery> {
     })
 }
 
+/// A Range tonic decoded (one the route could not read itself): from the cache where it can
+/// be, otherwise passed through typed.
 async fn range(
     ctx: Arc<Ctx>,
     req: Request<PbRangeRequest>,
