@@ -390,6 +390,18 @@ async fn range_stream_is_answered_from_the_cache_as_etcd_answers_it() {
     let e1 = range_stream(&env.etcd.endpoint(), &sorted).await.expect_err("etcd refuses");
     let e2 = range_stream(&env.grpc(), &sorted).await.expect_err("refused");
     assert_eq!((e1.code(), e1.message()), (e2.code(), e2.message()));
+    // Outside the cached prefix (`/`), etcd's chunks reach the client as etcd sent them.
+    for i in 0..100 {
+        direct.put(format!("u/{i:03}"), value.to_vec(), None).await.expect("put");
+    }
+    let outside =
+        PbRangeRequest { key: b"u/".to_vec(), range_end: b"u0".to_vec(), ..Default::default() };
+    let passed = env.server().metrics().upstream_requests("range_stream");
+    let want = range_stream(&env.etcd.endpoint(), &outside).await.expect("etcd");
+    let got = range_stream(&env.grpc(), &outside).await.expect("watchcache");
+    assert!(want.len() > 3, "several chunks: {}", want.len());
+    assert_eq!(got, want, "a RangeStream outside the cached prefix, passed through");
+    assert_eq!(env.server().metrics().upstream_requests("range_stream"), passed + 1);
 }
 
 /// etcd's watcher count and watchcache's upstream-watch gauge, once they agree (10 s at most).

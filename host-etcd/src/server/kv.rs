@@ -24,56 +24,24 @@ use crate::session::driver::is_refusal;
 use crate::upstream::{forwardable, no_leader_status, requires_leader};
 
 /// The axum route for `/etcdserverpb.KV/Range`: answered from the cache where etcd would give
-/// the same answer; otherwise passed through as it came, its bytes to etcd and etcd's answer's
-/// bytes back, so that nothing of either is decoded and encoded again (a large Range outside
-/// the cached prefixes costs no copy of its answer here) and fields this build does not know
-/// reach etcd.
+/// the same answer, otherwise passed through as bytes ([`read_and_decide`]).
 pub(crate) async fn range_route(
     ctx: Arc<Ctx>,
     req: http::Request<axum::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let limit = ctx.largest_request();
-    let (parts, body) = req.into_parts();
-    // A unary call's body is one length-prefixed message (5 bytes before it).
-    let bytes = match axum::body::to_bytes(body, limit.saturating_add(5)).await {
-        Ok(b) => b,
-        Err(e) => {
-            return Status::resource_exhausted(format!("the request could not be read: {e}"))
-                .into_http();
-        }
+    let (rebuilt, decided) = match read_and_decide(&ctx, req, "range").await {
+        Ok(x) => x,
+        Err(relayed) => return relayed,
     };
-    let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
-    let rebuilt = http::Request::from_parts(parts, axum::body::Body::from(bytes));
-    let answer = match &decoded {
-        // Compressed, cut short, too large or not a RangeRequest: tonic's own answer.
-        None => None,
-        Some(r) => {
-            let md =
-                forwardable(&tonic::metadata::MetadataMap::from_headers(rebuilt.headers().clone()));
-            match from_cache(&ctx, &md, r).await {
-                Ok(None) => {
-                    ctx.metrics().count_range(false);
-                    ctx.metrics().count_upstream_request("range");
-                    return super::forward::relay(&ctx, rebuilt).await;
-                }
-                Ok(Some(resp)) => {
-                    ctx.metrics().count_range(true);
-                    Some(Ok(Response::new(resp)))
-                }
-                Err(s) => Some(Err(s)),
-            }
-        }
-    };
+    let mut answer = decided.map(|(_, a)| a.map(Response::new));
     let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
         PbRangeResponse,
         PbRangeRequest,
     >::default())
-    .max_decoding_message_size(limit)
+    .max_decoding_message_size(ctx.largest_request())
     .max_encoding_message_size(usize::MAX);
-    let mut answer = answer;
     let service = tower::service_fn(move |r: Request<PbRangeRequest>| {
-        let answer = answer.take();
-        let ctx = ctx.clone();
+        let (answer, ctx) = (answer.take(), ctx.clone());
         async move {
             match answer {
                 Some(a) => a,
@@ -82,6 +50,87 @@ pub(crate) async fn range_route(
         }
     });
     grpc.unary(service, rebuilt).await
+}
+
+/// The axum route for `/etcdserverpb.KV/RangeStream` (etcd 3.7): as Range, the cache's answer
+/// in etcd's chunks.
+pub(crate) async fn range_stream_route(
+    ctx: Arc<Ctx>,
+    req: http::Request<axum::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let (rebuilt, decided) = match read_and_decide(&ctx, req, "range_stream").await {
+        Ok(x) => x,
+        Err(relayed) => return relayed,
+    };
+    let max = ctx.max_request_bytes;
+    let mut answer = decided.map(|(r, a)| {
+        a.map(|resp| {
+            let header = resp.header.unwrap_or_default();
+            let chunks = range_chunks(resp, &r, header, max);
+            let chunks: RangeChunks = Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)));
+            Response::new(chunks)
+        })
+    });
+    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+        PbRangeStreamResponse,
+        PbRangeRequest,
+    >::default())
+    .max_decoding_message_size(ctx.largest_request())
+    .max_encoding_message_size(usize::MAX);
+    let service = tower::service_fn(move |r: Request<PbRangeRequest>| {
+        let (answer, ctx) = (answer.take(), ctx.clone());
+        async move {
+            match answer {
+                Some(a) => a,
+                None => range_stream(ctx, r).await,
+            }
+        }
+    });
+    grpc.server_streaming(service, rebuilt).await
+}
+
+/// A request, its cache's answer (or refusal), to be encoded by tonic.
+type Decided = (PbRangeRequest, Result<PbRangeResponse, Status>);
+
+/// Reads a Range or RangeStream call's one message and asks the cache. When the cache does not
+/// answer, the call is passed through as it came, its bytes to etcd and etcd's answer's bytes
+/// back (`Err`: that answer), so that nothing of either is decoded and encoded again (a large
+/// Range outside the cached prefixes costs no copy of its answer here) and fields this build
+/// does not know reach etcd. Otherwise the call, rebuilt, with the cache's answer; or with
+/// none when the message could not be read here (compressed, cut short, too large, not a
+/// RangeRequest), for tonic to decode and answer.
+async fn read_and_decide(
+    ctx: &Arc<Ctx>,
+    req: http::Request<axum::body::Body>,
+    upstream_kind: &str,
+) -> Result<(http::Request<axum::body::Body>, Option<Decided>), http::Response<tonic::body::Body>> {
+    let limit = ctx.largest_request();
+    let (parts, body) = req.into_parts();
+    // A unary request's body is one length-prefixed message (5 bytes before it).
+    let bytes = match axum::body::to_bytes(body, limit.saturating_add(5)).await {
+        Ok(b) => b,
+        Err(e) => {
+            let s = Status::resource_exhausted(format!("the request could not be read: {e}"));
+            return Err(s.into_http());
+        }
+    };
+    let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
+    let rebuilt = http::Request::from_parts(parts, axum::body::Body::from(bytes));
+    let Some(r) = decoded else { return Ok((rebuilt, None)) };
+    let md = forwardable(&tonic::metadata::MetadataMap::from_headers(rebuilt.headers().clone()));
+    let answer = match from_cache(ctx, &md, &r).await {
+        Ok(None) => {
+            ctx.metrics().count_range(false);
+            ctx.metrics().count_upstream_request(upstream_kind);
+            return Err(super::forward::relay(ctx, rebuilt).await);
+        }
+        Ok(Some(resp)) => {
+            ctx.metrics().count_range(true);
+            Ok(resp)
+        }
+        Err(s) => Err(s),
+    };
+    Ok((rebuilt, Some((r, answer))))
 }
 
 /// The message of a unary call's body, if it is one uncompressed message of at most `limit`
@@ -93,25 +142,11 @@ fn grpc_message(body: &[u8], limit: usize) -> Option<&[u8]> {
     (compressed == 0 && len == message.len() && len <= limit).then_some(message)
 }
 
-/// The axum route for `/etcdserverpb.KV/RangeStream` (etcd 3.7).
-pub(crate) async fn range_stream_route(
-    ctx: Arc<Ctx>,
-    req: http::Request<axum::body::Body>,
-) -> http::Response<tonic::body::Body> {
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
-        PbRangeStreamResponse,
-        PbRangeRequest,
-    >::default())
-    .max_decoding_message_size(ctx.largest_request())
-    .max_encoding_message_size(usize::MAX);
-    grpc.server_streaming(tower::service_fn(move |r| range_stream(ctx.clone(), r)), req).await
-}
-
 type RangeChunks =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>>;
 
-/// RangeStream from the cache where a Range would be, in etcd's chunks; otherwise etcd's own
-/// stream, relayed.
+/// A RangeStream tonic decoded (one the route could not read itself): from the cache where a
+/// Range would be, in etcd's chunks; otherwise etcd's own stream, relayed typed.
 async fn range_stream(
     ctx: Arc<Ctx>,
     req: Request<PbRangeRequest>,
@@ -302,6 +337,26 @@ async fn from_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_unary_body_is_read_only_when_whole_uncompressed_and_within_the_limit() {
+        let msg = PbRangeRequest { key: b"/a".to_vec(), ..Default::default() }.encode_to_vec();
+        let frame = |compressed: u8, len: usize, body: &[u8]| {
+            let mut f = vec![compressed];
+            f.extend_from_slice(&(len as u32).to_be_bytes());
+            f.extend_from_slice(body);
+            f
+        };
+        let whole = frame(0, msg.len(), &msg);
+        assert_eq!(grpc_message(&whole, 100), Some(&msg[..]));
+        assert_eq!(grpc_message(&frame(1, msg.len(), &msg), 100), None, "compressed");
+        assert_eq!(grpc_message(&frame(0, msg.len() + 1, &msg), 100), None, "cut short");
+        assert_eq!(grpc_message(&frame(0, msg.len() - 1, &msg), 100), None, "more than one");
+        assert_eq!(grpc_message(&whole, msg.len() - 1), None, "over the limit");
+        assert_eq!(grpc_message(&whole[..3], 100), None, "no length");
+        assert_eq!(grpc_message(&[], 100), None, "empty");
+        assert_eq!(grpc_message(&frame(0, 0, &[]), 100), Some(&[][..]), "an empty message");
+    }
 
     #[test]
     fn only_plain_ranges_are_cacheable() {
