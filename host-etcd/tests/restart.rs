@@ -15,6 +15,11 @@ use support::Env;
 
 const WATCHERS: usize = 40;
 
+/// A put straight to etcd; its revision.
+async fn put(direct: &mut etcd_client::Client, key: String, value: String) -> i64 {
+    direct.put(key, value, None).await.expect("put").header().expect("h").revision()
+}
+
 async fn restart_with(backfill: u64) -> (usize, f64) {
     let mut env = Env::start_with(EtcdOptions::default(), |cfg| {
         cfg.cache.reflector.backfill_revisions = backfill;
@@ -27,26 +32,14 @@ async fn restart_with(backfill: u64) -> (usize, f64) {
     let mut direct = env.direct().await;
     let mut last = 0;
     for i in 0..300 {
-        last = direct
-            .put(format!("/r/k{}", i % 30), format!("v{i}"), None)
-            .await
-            .expect("put")
-            .header()
-            .expect("h")
-            .revision();
+        last = put(&mut direct, format!("/r/k{}", i % 30), format!("v{i}")).await;
     }
     env.wait_cache_rev(last).await;
     // Each watcher had reached some revision of the last 200 when the cache went away.
     let resume_from: Vec<i64> = (0..WATCHERS).map(|i| last - 200 + (i as i64 * 5) + 1).collect();
     env.stop_server().await;
     for i in 0..20 {
-        last = direct
-            .put(format!("/r/k{i}"), "after", None)
-            .await
-            .expect("put")
-            .header()
-            .expect("h")
-            .revision();
+        last = put(&mut direct, format!("/r/k{i}"), "after".into()).await;
     }
     let before = env.etcd_metric("etcd_debugging_mvcc_watch_stream_total", "").await;
     let server = Server::start(env.cfg.clone()).await.expect("restart");
@@ -114,28 +107,18 @@ async fn a_restart_after_a_compaction_starts_the_window_at_it() {
     })
     .await;
     let mut direct = env.direct().await;
-    let mut put = async |k: String, v: String| {
-        direct.put(k, v, None).await.expect("put").header().expect("h").revision()
-    };
     let mut last = 0;
     for i in 0..200 {
-        last = put(format!("/c/k{}", i % 20), format!("v{i}")).await;
+        last = put(&mut direct, format!("/c/k{}", i % 20), format!("v{i}")).await;
     }
     let compacted = last - 50;
     env.stop_server().await;
-    let mut direct = env.direct().await;
     direct
         .compact(compacted, Some(etcd_client::CompactionOptions::new().with_physical()))
         .await
         .expect("compact");
     for i in 0..10 {
-        last = direct
-            .put(format!("/c/k{i}"), "after", None)
-            .await
-            .expect("put")
-            .header()
-            .expect("h")
-            .revision();
+        last = put(&mut direct, format!("/c/k{i}"), "after".into()).await;
     }
     let server = Server::start(env.cfg.clone()).await.expect("restart");
     assert!(server.wait_ready(Duration::from_secs(20)).await);
