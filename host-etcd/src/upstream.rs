@@ -422,27 +422,6 @@ impl Upstream {
         grpc.unary(req, PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
     }
 
-    /// Forwards a server-streaming call to etcd with the client's metadata.
-    pub async fn server_streaming<Req, Resp>(
-        &self,
-        path: &'static str,
-        metadata: &MetadataMap,
-        message: Req,
-    ) -> Result<Response<Streaming<Resp>>, Status>
-    where
-        Req: prost::Message + Send + Sync + 'static,
-        Resp: prost::Message + Default + Send + Sync + 'static,
-    {
-        let mut grpc = self.grpc().await?;
-        let req = with_metadata(metadata, message);
-        grpc.server_streaming(
-            req,
-            PathAndQuery::from_static(path),
-            tonic_prost::ProstCodec::default(),
-        )
-        .await
-    }
-
     /// Opens a watch stream to etcd on the relays' connection with the client's metadata,
     /// sending `create` at once (etcd answers the stream's headers only with its first
     /// response); `capacity` requests may wait to be sent.

@@ -142,6 +142,8 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
         let d = raw_unary(&direct_ep, path, garbage.clone()).await.expect_err("garbage refused");
         let w = raw_unary(&cache_ep, path, garbage.clone()).await.expect_err("garbage refused");
         assert_eq!(d.code(), w.code(), "{path}: {d:?} vs {w:?}");
+        // Whatever the cache cannot read goes to etcd as it came: etcd's own words.
+        assert_eq!(d.message(), w.message(), "{path}");
     }
     let d = raw_unary(&direct_ep, "/etcdserverpb.KV/NoSuchMethod", Bytes::new())
         .await

@@ -24,32 +24,18 @@ use crate::session::driver::is_refusal;
 use crate::upstream::{forwardable, no_leader_status, requires_leader};
 
 /// The axum route for `/etcdserverpb.KV/Range`: answered from the cache where etcd would give
-/// the same answer, otherwise passed through as bytes ([`read_and_decide`]).
+/// the same answer, otherwise passed through as bytes ([`answer_or_relay`]).
 pub(crate) async fn range_route(
     ctx: Arc<Ctx>,
     req: http::Request<axum::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let (rebuilt, decided) = match read_and_decide(&ctx, req, "range").await {
+    let (req, _, answer) = match answer_or_relay(&ctx, req, "range").await {
         Ok(x) => x,
         Err(relayed) => return relayed,
     };
-    let mut answer = decided.map(|(_, a)| a.map(Response::new));
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
-        PbRangeResponse,
-        PbRangeRequest,
-    >::default())
-    .max_decoding_message_size(ctx.largest_request())
-    .max_encoding_message_size(usize::MAX);
-    let service = tower::service_fn(move |r: Request<PbRangeRequest>| {
-        let (answer, ctx) = (answer.take(), ctx.clone());
-        async move {
-            match answer {
-                Some(a) => a,
-                None => range(ctx, r).await,
-            }
-        }
-    });
-    grpc.unary(service, rebuilt).await
+    let mut answer = Some(answer.map(Response::new));
+    let service = tower::service_fn(move |_| std::future::ready(once(&mut answer)));
+    grpc_codec::<PbRangeResponse>(&ctx).unary(service, req).await
 }
 
 /// The axum route for `/etcdserverpb.KV/RangeStream` (etcd 3.7): as Range, the cache's answer
@@ -58,52 +44,53 @@ pub(crate) async fn range_stream_route(
     ctx: Arc<Ctx>,
     req: http::Request<axum::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let (rebuilt, decided) = match read_and_decide(&ctx, req, "range_stream").await {
+    let (req, r, answer) = match answer_or_relay(&ctx, req, "range_stream").await {
         Ok(x) => x,
         Err(relayed) => return relayed,
     };
     let max = ctx.max_request_bytes;
-    let mut answer = decided.map(|(r, a)| {
-        a.map(|resp| {
-            let header = resp.header.unwrap_or_default();
-            let chunks = range_chunks(resp, &r, header, max);
-            let chunks: RangeChunks = Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)));
-            Response::new(chunks)
-        })
-    });
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
-        PbRangeStreamResponse,
-        PbRangeRequest,
-    >::default())
-    .max_decoding_message_size(ctx.largest_request())
-    .max_encoding_message_size(usize::MAX);
-    let service = tower::service_fn(move |r: Request<PbRangeRequest>| {
-        let (answer, ctx) = (answer.take(), ctx.clone());
-        async move {
-            match answer {
-                Some(a) => a,
-                None => range_stream(ctx, r).await,
-            }
-        }
-    });
-    grpc.server_streaming(service, rebuilt).await
+    let mut answer = Some(answer.map(|resp| {
+        let header = resp.header.unwrap_or_default();
+        let chunks = range_chunks(resp, &r, header, max);
+        let chunks: RangeChunks = Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)));
+        Response::new(chunks)
+    }));
+    let service = tower::service_fn(move |_| std::future::ready(once(&mut answer)));
+    grpc_codec::<PbRangeStreamResponse>(&ctx).server_streaming(service, req).await
 }
 
-/// A request, its cache's answer (or refusal), to be encoded by tonic.
-type Decided = (PbRangeRequest, Result<PbRangeResponse, Status>);
+type RangeChunks =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>>;
 
-/// Reads a Range or RangeStream call's one message and asks the cache. When the cache does not
-/// answer, the call is passed through as it came, its bytes to etcd and etcd's answer's bytes
-/// back (`Err`: that answer), so that nothing of either is decoded and encoded again (a large
-/// Range outside the cached prefixes costs no copy of its answer here) and fields this build
-/// does not know reach etcd. Otherwise the call, rebuilt, with the cache's answer; or with
-/// none when the message could not be read here (compressed, cut short, too large, not a
-/// RangeRequest), for tonic to decode and answer.
-async fn read_and_decide(
+/// tonic's encoding of `T` answers to a Range request.
+fn grpc_codec<T: Message + Default + Send + 'static>(
+    ctx: &Ctx,
+) -> tonic::server::Grpc<tonic_prost::ProstCodec<T, PbRangeRequest>> {
+    tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
+        .max_decoding_message_size(ctx.largest_request())
+        .max_encoding_message_size(usize::MAX)
+}
+
+/// The answer computed before tonic asked for it (tonic asks once per call).
+fn once<T>(answer: &mut Option<Result<T, Status>>) -> Result<T, Status> {
+    answer.take().unwrap_or_else(|| Err(Status::internal("a Range answered twice")))
+}
+
+/// Reads a Range or RangeStream call's one message and asks the cache: the call (to encode the
+/// answer for), the request, and the cache's answer or refusal. Whatever the cache does not
+/// answer, or the message that cannot be read here (compressed, cut short, too large, not a
+/// RangeRequest), is passed through as it came, its bytes to etcd and etcd's answer's bytes
+/// back (`Err`: that answer): nothing of either is decoded and encoded again (a large Range
+/// outside the cached prefixes costs no copy of its answer here), fields this build does not
+/// know reach etcd, and what etcd would refuse gets etcd's own refusal.
+async fn answer_or_relay(
     ctx: &Arc<Ctx>,
     req: http::Request<axum::body::Body>,
     upstream_kind: &str,
-) -> Result<(http::Request<axum::body::Body>, Option<Decided>), http::Response<tonic::body::Body>> {
+) -> Result<
+    (http::Request<axum::body::Body>, PbRangeRequest, Result<PbRangeResponse, Status>),
+    http::Response<tonic::body::Body>,
+> {
     let limit = ctx.largest_request();
     let (parts, body) = req.into_parts();
     // A unary request's body is one length-prefixed message (5 bytes before it).
@@ -115,22 +102,24 @@ async fn read_and_decide(
         }
     };
     let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
-    let rebuilt = http::Request::from_parts(parts, axum::body::Body::from(bytes));
-    let Some(r) = decoded else { return Ok((rebuilt, None)) };
-    let md = forwardable(&tonic::metadata::MetadataMap::from_headers(rebuilt.headers().clone()));
-    let answer = match from_cache(ctx, &md, &r).await {
-        Ok(None) => {
-            ctx.metrics().count_range(false);
-            ctx.metrics().count_upstream_request(upstream_kind);
-            return Err(super::forward::relay(ctx, rebuilt).await);
+    let req = http::Request::from_parts(parts, axum::body::Body::from(bytes));
+    let answer = match decoded {
+        Some(r) => {
+            let md =
+                forwardable(&tonic::metadata::MetadataMap::from_headers(req.headers().clone()));
+            from_cache(ctx, &md, &r).await.transpose().map(|a| (r, a))
         }
-        Ok(Some(resp)) => {
-            ctx.metrics().count_range(true);
-            Ok(resp)
-        }
-        Err(s) => Err(s),
+        None => None,
     };
-    Ok((rebuilt, Some((r, answer))))
+    let Some((r, answer)) = answer else {
+        ctx.metrics().count_range(false);
+        ctx.metrics().count_upstream_request(upstream_kind);
+        return Err(super::forward::relay(ctx, req).await);
+    };
+    if answer.is_ok() {
+        ctx.metrics().count_range(true);
+    }
+    Ok((req, r, answer))
 }
 
 /// The message of a unary call's body, if it is one uncompressed message of at most `limit`
@@ -140,36 +129,6 @@ fn grpc_message(body: &[u8], limit: usize) -> Option<&[u8]> {
     let (len, message) = rest.split_first_chunk::<4>()?;
     let len = u32::from_be_bytes(*len) as usize;
     (compressed == 0 && len == message.len() && len <= limit).then_some(message)
-}
-
-type RangeChunks =
-    std::pin::Pin<Box<dyn futures::Stream<Item = Result<PbRangeStreamResponse, Status>> + Send>>;
-
-/// A RangeStream tonic decoded (one the route could not read itself): from the cache where a
-/// Range would be, in etcd's chunks; otherwise etcd's own stream, relayed typed.
-async fn range_stream(
-    ctx: Arc<Ctx>,
-    req: Request<PbRangeRequest>,
-) -> Result<Response<RangeChunks>, Status> {
-    let md = forwardable(req.metadata());
-    let r = req.into_inner();
-    if let Some(resp) = from_cache(&ctx, &md, &r).await? {
-        ctx.metrics().count_range(true);
-        let header = resp.header.unwrap_or_default();
-        let chunks = range_chunks(resp, &r, header, ctx.max_request_bytes);
-        return Ok(Response::new(Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))));
-    }
-    ctx.metrics().count_range(false);
-    ctx.metrics().count_upstream_request("range_stream");
-    let up = ctx
-        .upstream()
-        .server_streaming::<PbRangeRequest, PbRangeStreamResponse>(
-            "/etcdserverpb.KV/RangeStream",
-            &md,
-            r,
-        )
-        .await?;
-    Ok(Response::new(Box::pin(up.into_inner())))
 }
 
 /// A whole Range answer in RangeStream's chunks, as etcd cuts them
@@ -290,23 +249,6 @@ fn cacheable(r: &PbRangeRequest) -> Option<RangeQuery> {
         keys_only: r.keys_only,
         count_only: r.count_only,
     })
-}
-
-/// A Range tonic decoded (one the route could not read itself): from the cache where it can
-/// be, otherwise passed through typed.
-async fn range(
-    ctx: Arc<Ctx>,
-    req: Request<PbRangeRequest>,
-) -> Result<Response<PbRangeResponse>, Status> {
-    let md = forwardable(req.metadata());
-    let r = req.into_inner();
-    if let Some(resp) = from_cache(&ctx, &md, &r).await? {
-        ctx.metrics().count_range(true);
-        return Ok(Response::new(resp));
-    }
-    ctx.metrics().count_range(false);
-    ctx.metrics().count_upstream_request("range");
-    ctx.upstream().unary::<PbRangeRequest, PbRangeResponse>("/etcdserverpb.KV/Range", &md, r).await
 }
 
 async fn from_cache(
