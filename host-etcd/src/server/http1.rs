@@ -170,32 +170,23 @@ impl EtcdHttp {
                 debug!(error = %e, "HTTP/1 to etcd for an HTTP/2 request");
             }
         });
-        let (parts, body) = req.into_parts();
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut out =
-            http::Request::builder().method(parts.method).uri(path).version(http::Version::HTTP_11);
-        if let Some(authority) = parts.uri.authority() {
-            out = out.header(http::header::HOST, authority.as_str());
+        let (mut parts, body) = req.into_parts();
+        // HTTP/1.1 names the authority in `Host`, and the path alone in the request line.
+        if let Some(host) = parts.uri.authority().and_then(|a| a.as_str().parse().ok()) {
+            parts.headers.insert(http::header::HOST, host);
         }
-        for (k, v) in parts.headers.iter() {
-            if !per_connection(k) && k != http::header::HOST {
-                out = out.header(k, v);
-            }
-        }
-        let Ok(out) = out.body(body) else {
-            return bad_gateway("the request could not be sent as HTTP/1.1");
-        };
-        let resp = match sender.send_request(out).await {
+        parts.uri = parts
+            .uri
+            .path_and_query()
+            .map_or(http::Uri::from_static("/"), |p| http::Uri::from(p.clone()));
+        parts.version = http::Version::HTTP_11;
+        drop_per_connection(&mut parts.headers);
+        let resp = match sender.send_request(http::Request::from_parts(parts, body)).await {
             Ok(r) => r,
             Err(e) => return bad_gateway(&format!("HTTP/1 to etcd: {e}")),
         };
         let (mut parts, body) = resp.into_parts();
-        parts.version = http::Version::HTTP_2;
-        let names: Vec<http::HeaderName> =
-            parts.headers.keys().filter(|k| per_connection(k)).cloned().collect();
-        for k in names {
-            parts.headers.remove(k);
-        }
+        drop_per_connection(&mut parts.headers);
         http::Response::from_parts(parts, axum::body::Body::new(body))
     }
 
@@ -253,15 +244,13 @@ pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
         .is_some_and(|v| v.contains("application/grpc"))
 }
 
-/// Headers that belong to one HTTP/1 connection, which HTTP/2 does not carry.
-fn per_connection(name: &http::HeaderName) -> bool {
-    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
-    name == CONNECTION
-        || name == TRANSFER_ENCODING
-        || name == UPGRADE
-        || name == TE
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
+/// Drops the headers that belong to one HTTP/1 connection, which HTTP/2 does not carry.
+fn drop_per_connection(headers: &mut http::HeaderMap) {
+    for name in
+        ["connection", "transfer-encoding", "upgrade", "te", "keep-alive", "proxy-connection"]
+    {
+        headers.remove(name);
+    }
 }
 
 fn bad_gateway(why: &str) -> http::Response<axum::body::Body> {
