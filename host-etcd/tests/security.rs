@@ -220,17 +220,17 @@ async fn with_client_tls_only_clients_of_the_ca_connect() {
     assert!(refused.is_err(), "no certificate: {refused:?}");
 }
 
-/// One HTTP/1.1 GET over TLS (ALPN `http/1.1`), `Connection: close`: the whole answer.
-async fn https1(
+/// A TLS connection to `addr` as `localhost`, trusting `ca_pem`, with `identity` as the
+/// client's certificate, offering `alpn`.
+async fn tls_connect(
     addr: &str,
     ca_pem: &str,
     identity: Option<&(String, String)>,
-    path: &str,
-) -> Result<String, String> {
+    alpn: &[&[u8]],
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.expect("CA")).expect("CA");
@@ -250,11 +250,22 @@ async fn https1(
         }
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     let name = ServerName::try_from("localhost").expect("name");
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let mut s = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    connector.connect(name, tcp).await.map_err(|e| e.to_string())
+}
+
+/// One HTTP/1.1 GET over TLS (ALPN `http/1.1`), `Connection: close`: the whole answer.
+async fn https1(
+    addr: &str,
+    ca_pem: &str,
+    identity: Option<&(String, String)>,
+    path: &str,
+) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tls_connect(addr, ca_pem, identity, &[b"http/1.1"]).await?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
     let mut out = String::new();
@@ -408,29 +419,9 @@ async fn h2_tls(
     path: &str,
     body: &str,
 ) -> ::http::Response<hyper::body::Incoming> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    use std::sync::Arc;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(p.ca_pem.as_bytes()) {
-        roots.add(c.expect("CA")).expect("CA");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let certs = CertificateDer::pem_slice_iter(p.client.0.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .expect("certificate");
-    let key = PrivateKeyDer::from_pem_slice(p.client.1.as_bytes()).expect("key");
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("TLS")
-        .with_root_certificates(roots)
-        .with_client_auth_cert(certs, key)
-        .expect("identity");
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let name = ServerName::try_from("localhost").expect("name");
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let tls = tls_connect(addr, &p.ca_pem, Some(&p.client), &[b"h2", b"http/1.1"])
+        .await
+        .expect("TLS handshake");
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()), "{addr}: ALPN");
     let (mut h2, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
