@@ -236,8 +236,23 @@ impl EtcdHttp {
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
+/// The layer in front of the gRPC server's routes: over TLS, HTTP/2 that is not gRPC goes to
+/// etcd's HTTP server whatever its path, as etcd's TLS port hands it to its HTTP handler.
+pub(crate) async fn not_grpc_over_tls(
+    axum::extract::State(etcd): axum::extract::State<Arc<EtcdHttp>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> http::Response<axum::body::Body> {
+    let tls = req.extensions().get::<super::accept::ConnInfo>().is_some_and(|c| c.tls);
+    if tls && !is_grpc(req.headers()) {
+        etcd.request(req).await
+    } else {
+        next.run(req).await
+    }
+}
+
 /// Whether a request is gRPC, as etcd's `grpcHandlerFunc` tells it: by its content type.
-pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+fn is_grpc(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -252,23 +252,10 @@ impl Server {
                 .fallback(move |req: http::Request<axum::body::Body>| {
                     forward::forward(c4.clone(), req)
                 })
-                // Over TLS, HTTP/2 that is not gRPC goes to etcd's HTTP server whatever its
-                // path, as etcd's TLS port hands it to its HTTP handler.
-                .layer(axum::middleware::from_fn({
-                    let etcd_http = etcd_http.clone();
-                    move |req: axum::extract::Request, next: axum::middleware::Next| {
-                        let etcd_http = etcd_http.clone();
-                        async move {
-                            let tls =
-                                req.extensions().get::<accept::ConnInfo>().is_some_and(|c| c.tls);
-                            if tls && !http1::is_grpc(req.headers()) {
-                                etcd_http.request(req).await
-                            } else {
-                                next.run(req).await
-                            }
-                        }
-                    }
-                }))
+                .layer(axum::middleware::from_fn_with_state(
+                    etcd_http.clone(),
+                    http1::not_grpc_over_tls,
+                ))
         };
         let mut builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
