@@ -165,15 +165,14 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
     let d = direct.put("/a/big", big.clone(), None).await.expect_err("too large");
     let w = cached.put("/a/big", big, None).await.expect_err("too large");
     assert_eq!(norm::<()>(Err(d)), norm::<()>(Err(w)));
-    // An oversized range request (a 3 MiB key).
-    let huge_key = vec![b'k'; 3 << 20];
-    let d = direct.get(huge_key.clone(), None).await.expect_err("too large");
-    let w = cached.get(huge_key, None).await.expect_err("too large");
-    let code = |e: &etcd_client::Error| match e {
-        etcd_client::Error::GRpcStatus(s) => s.code(),
-        _ => tonic::Code::Unknown,
-    };
-    assert_eq!(code(&d), code(&w), "{d} vs {w}");
+    // Oversized range requests: a 3 MiB key (above etcd's limit, under what watchcache reads)
+    // and a 5 MiB one (above both): etcd's own refusal, word for word.
+    for mib in [3, 5] {
+        let huge_key = vec![b'k'; mib << 20];
+        let d = direct.get(huge_key.clone(), None).await.expect_err("too large");
+        let w = cached.get(huge_key, None).await.expect_err("too large");
+        assert_eq!(norm::<()>(Err(d)), norm::<()>(Err(w)), "a {mib} MiB key");
+    }
 
     // Watch requests: bad ranges and revisions get etcd's answers.
     let watch_cases: Vec<(&str, &str, WatchOptions)> = vec![
@@ -200,6 +199,27 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
             ));
         }
         assert_eq!(answers[0], answers[1], "watch {name}");
+    }
+    // An oversized Compact (read here, not passed through): etcd's refusal, word for word.
+    let mut compact = Vec::new();
+    prost::encoding::bytes::encode(15, &vec![0u8; 5 << 20], &mut compact);
+    let path = "/etcdserverpb.KV/Compact";
+    let d = raw_unary(&direct_ep, path, Bytes::from(compact.clone())).await.expect_err("large");
+    let w = raw_unary(&cache_ep, path, Bytes::from(compact)).await.expect_err("large");
+    assert_eq!((d.code(), d.message()), (w.code(), w.message()), "a 5 MiB Compact");
+    // Oversized watch requests: etcd ends the stream with its refusal, word for word.
+    for mib in [3, 5] {
+        // WatchRequest{create_request (1): WatchCreateRequest{key (1)}}, by hand (etcd-client
+        // does not export WatchCreateRequest).
+        let mut inner = Vec::new();
+        prost::encoding::bytes::encode(1, &vec![b'k'; mib << 20], &mut inner);
+        let mut create = Vec::new();
+        prost::encoding::bytes::encode(1, &inner, &mut create);
+        let create = Bytes::from(create);
+        let (dm, de) = raw_watch(&direct_ep, vec![create.clone()]).await;
+        let (wm, we) = raw_watch(&cache_ep, vec![create]).await;
+        let status = |e: Option<Status>| e.map(|s| (s.code(), s.message().to_owned()));
+        assert_eq!((dm.len(), status(de)), (wm.len(), status(we)), "a {mib} MiB watch key");
     }
     // Garbage and empty requests on a watch stream.
     let valid = enc(&PbWatchRequest {

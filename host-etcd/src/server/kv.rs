@@ -10,6 +10,9 @@
 
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+
 use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbRangeRequest, PbRangeResponse,
     PbRangeStreamResponse, PbResponseHeader,
@@ -17,6 +20,7 @@ use etcd_client::proto::{
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use super::wire::ReceiveLimit;
 use super::Ctx;
 use crate::keys::etcd_key_range;
 use crate::library::{range_from_cache, RangeQuery};
@@ -67,7 +71,7 @@ fn grpc_codec<T: Message + Default + Send + 'static>(
     ctx: &Ctx,
 ) -> tonic::server::Grpc<tonic_prost::ProstCodec<T, PbRangeRequest>> {
     tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-        .max_decoding_message_size(ctx.largest_request())
+        .max_decoding_message_size(ctx.etcd_receive_limit())
         .max_encoding_message_size(usize::MAX)
 }
 
@@ -91,18 +95,21 @@ async fn answer_or_relay(
     (http::Request<axum::body::Body>, PbRangeRequest, Result<PbRangeResponse, Status>),
     http::Response<tonic::body::Body>,
 > {
-    let limit = ctx.largest_request();
+    let limit = ctx.etcd_receive_limit();
     let (parts, body) = req.into_parts();
     // A unary request's body is one length-prefixed message (5 bytes before it).
-    let bytes = match axum::body::to_bytes(body, limit.saturating_add(5)).await {
-        Ok(b) => b,
-        Err(e) => {
-            let s = Status::resource_exhausted(format!("the request could not be read: {e}"));
-            return Err(s.into_http());
+    let (bytes, body) = match read_up_to(body, limit.saturating_add(5)).await {
+        Ok(Whole(bytes)) => (bytes.clone(), axum::body::Body::from(bytes)),
+        // Longer than any message read here: etcd gets what was read and the rest.
+        Ok(Partial(head, rest)) => {
+            let head = futures::stream::once(std::future::ready(Ok(head)));
+            (Bytes::new(), axum::body::Body::from_stream(head.chain(rest)))
         }
+        // The client's side of the call failed: no one is there to read an answer.
+        Err(e) => return Err(Status::cancelled(format!("reading the request: {e}")).into_http()),
     };
     let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
-    let req = http::Request::from_parts(parts, axum::body::Body::from(bytes));
+    let req = http::Request::from_parts(parts, body);
     let answer = match decoded {
         Some(r) => {
             let md =
@@ -120,6 +127,29 @@ async fn answer_or_relay(
         ctx.metrics().count_range(true);
     }
     Ok((req, r, answer))
+}
+
+/// A request body read up to a limit.
+enum ReadUpTo {
+    /// The whole body, at most the limit.
+    Whole(Bytes),
+    /// More than the limit: what was read (the limit and at most one frame more), and the rest.
+    Partial(Bytes, axum::body::BodyDataStream),
+}
+use ReadUpTo::{Partial, Whole};
+
+/// Reads `body` until its end or until more than `limit` bytes were read. Trailers, which gRPC
+/// clients do not send with requests, are not kept (etcd's gRPC server does not read them).
+async fn read_up_to(body: axum::body::Body, limit: usize) -> Result<ReadUpTo, axum::Error> {
+    let mut data = body.into_data_stream();
+    let mut read = BytesMut::new();
+    while let Some(chunk) = data.next().await {
+        read.extend_from_slice(&chunk?);
+        if read.len() > limit {
+            return Ok(Partial(read.freeze(), data));
+        }
+    }
+    Ok(Whole(read.freeze()))
 }
 
 /// The message of a unary call's body, if it is one uncompressed message of at most `limit`
@@ -199,7 +229,8 @@ pub(crate) async fn compact_route(
         PbCompactionResponse,
         PbCompactionRequest,
     >::default())
-    .max_decoding_message_size(ctx.largest_request());
+    .max_decoding_message_size(ctx.etcd_receive_limit());
+    let req = req.map(|body| ReceiveLimit::new(body, ctx.etcd_receive_limit()));
     grpc.unary(tower::service_fn(move |r| compact(ctx.clone(), r)), req).await
 }
 
@@ -298,6 +329,33 @@ mod tests {
         assert_eq!(grpc_message(&whole[..3], 100), None, "no length");
         assert_eq!(grpc_message(&[], 100), None, "empty");
         assert_eq!(grpc_message(&frame(0, 0, &[]), 100), Some(&[][..]), "an empty message");
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_handed_on_with_every_byte_in_order() {
+        let body = || {
+            let chunks = (0u8..10).map(|i| Ok::<_, std::io::Error>(Bytes::from(vec![i; 100])));
+            axum::body::Body::from_stream(futures::stream::iter(chunks))
+        };
+        let all: Vec<u8> = (0u8..10).flat_map(|i| vec![i; 100]).collect();
+        match read_up_to(body(), 1000).await.expect("read") {
+            Whole(b) => assert_eq!(&b[..], &all[..]),
+            Partial(..) => panic!("1 000 bytes are within a limit of 1 000"),
+        }
+        match read_up_to(body(), 250).await.expect("read") {
+            Whole(_) => panic!("1 000 bytes are over a limit of 250"),
+            Partial(head, rest) => {
+                assert_eq!(head.len(), 300, "read up to the frame that crossed the limit");
+                let rest: Vec<Bytes> = rest.map(|c| c.expect("rest")).collect().await;
+                assert_eq!([&head[..], &rest.concat()[..]].concat(), all);
+            }
+        }
+        let failing = futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"abc")),
+            Err(std::io::Error::other("reset")),
+        ]);
+        let r = read_up_to(axum::body::Body::from_stream(failing), 1000).await;
+        assert!(r.is_err(), "a failed body is an error, not a short message");
     }
 
     #[test]

@@ -103,16 +103,17 @@ pub(crate) struct Ctx {
     /// The caches, the connection to etcd, the counters: what watch sessions share too.
     pub env: Arc<SessionEnv>,
     pub auth: Arc<AuthChecker>,
-    /// etcd's `--max-request-bytes`: what RangeStream's chunks aim at, and (with 2 MiB more)
-    /// the largest request decoded.
+    /// etcd's `--max-request-bytes`: what RangeStream's chunks aim at, and (with gRPC's
+    /// overhead) the largest request read.
     pub max_request_bytes: usize,
 }
 
 impl Ctx {
-    /// The largest request message decoded: etcd's `--max-request-bytes` and 2 MiB more, so
-    /// that a request etcd would refuse as too large reaches etcd and gets etcd's own answer.
-    pub fn largest_request(&self) -> usize {
-        self.max_request_bytes.saturating_add(2 << 20)
+    /// etcd's limit on a request message (`MaxRecvMsgSize`): the requests read here (the
+    /// Watch stream's, Compact's) are held to it with etcd's refusal ([`wire::ReceiveLimit`]);
+    /// a larger Range passes through, for etcd's own.
+    pub fn etcd_receive_limit(&self) -> usize {
+        self.max_request_bytes.saturating_add(wire::GRPC_OVERHEAD_BYTES)
     }
 
     pub fn caches(&self) -> &[CacheHandle] {

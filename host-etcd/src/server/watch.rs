@@ -15,7 +15,7 @@ use http_body::Frame;
 use tonic::codec::Streaming;
 use tonic::Status;
 
-use super::wire::{encode_response, WatchDecoder};
+use super::wire::{encode_response, ReceiveLimit, WatchDecoder};
 use super::Ctx;
 use crate::session::driver::SessionDriver;
 use crate::upstream::forwardable;
@@ -30,7 +30,9 @@ pub(crate) async fn route(
 ) -> http::Response<tonic::body::Body> {
     let (parts, body) = req.into_parts();
     let md = forwardable(&tonic::metadata::MetadataMap::from_headers(parts.headers));
-    let inbound = Streaming::new_request(WatchDecoder, body, None, Some(ctx.largest_request()));
+    let limit = ctx.etcd_receive_limit();
+    let body = ReceiveLimit::new(body, limit);
+    let inbound = Streaming::new_request(WatchDecoder, body, None, Some(limit));
     let mut driver = SessionDriver::new(ctx.env.clone(), md, inbound);
     std::future::poll_fn(|cx| {
         driver.poll_start(cx);
