@@ -134,6 +134,89 @@ async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
     server.shutdown().await;
 }
 
+/// A Range over raw gRPC with one metadata entry (etcd-client sets only `token`): the number
+/// of keys, or the refusal.
+async fn range_with_header(
+    endpoint: &str,
+    header: Option<(&'static str, String)>,
+    key: &str,
+) -> Result<usize, (tonic::Code, String)> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready().await.expect("ready");
+    let mut req = tonic::Request::new(etcd_client::proto::PbRangeRequest {
+        key: key.as_bytes().to_vec(),
+        ..Default::default()
+    });
+    if let Some((name, value)) = header {
+        req.metadata_mut().insert(name, value.parse().expect("header value"));
+    }
+    let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
+    let codec = tonic_prost::ProstCodec::<
+        etcd_client::proto::PbRangeRequest,
+        etcd_client::proto::PbRangeResponse,
+    >::default();
+    match g.unary(req, path, codec).await {
+        Ok(r) => Ok(r.into_inner().kvs.len()),
+        Err(s) => Err((s.code(), s.message().to_owned())),
+    }
+}
+
+/// etcd takes a client's token from the `token` metadata or, without it, from
+/// `authorization` (`Bearer ` optional; `auth/store.go` `AuthInfoFromCtx`): a decision the
+/// cache reuses is the one for that token, whichever header carried it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_in_the_authorization_header_is_that_clients_alone() {
+    let etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
+    let mut admin = support::connect(&etcd.endpoint(), None).await;
+    for k in ["/a/1", "/a/2"] {
+        admin.put(k, "v", None).await.expect("put");
+    }
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin.user_grant_role("root", "root").await.expect("root role");
+    admin.role_add("reader").await.expect("role");
+    admin
+        .role_grant_permission("reader", Permission::read("/a/").with_prefix())
+        .await
+        .expect("grant");
+    admin.user_add("alice", "alicepw", None).await.expect("alice");
+    admin.user_grant_role("alice", "reader").await.expect("alice role");
+    admin.auth_enable().await.expect("auth on");
+    let mut cfg = support::test_config(&etcd);
+    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
+    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
+    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    let (direct, cached) = (etcd.endpoint(), server.grpc_addr().to_string());
+    let alice =
+        support::connect(&direct, Some(ConnectOptions::new().with_user("alice", "alicepw"))).await;
+    let token =
+        alice.auth_client().authenticate("alice".into(), "alicepw".into()).await.expect("token");
+    let token = token.token().to_owned();
+
+    // (header, key) in an order where a decision cached for one client would answer the next.
+    let bearer = || Some(("authorization", format!("Bearer {token}")));
+    let bare = || Some(("authorization", token.clone()));
+    let steps = [
+        ("anonymous", None, "/a/1"),
+        ("alice, Bearer", bearer(), "/a/1"),
+        ("alice, Bearer", bearer(), "/a/2"),
+        ("anonymous", None, "/a/2"),
+        ("alice, no Bearer", bare(), "/a/2"),
+        ("a stranger", Some(("authorization", "Bearer nonsense".to_owned())), "/a/2"),
+        ("alice, token", Some(("token", token.clone())), "/a/2"),
+    ];
+    for (who, header, key) in steps {
+        let d = range_with_header(&direct, header.clone(), key).await;
+        let w = range_with_header(&cached, header, key).await;
+        assert_eq!(d, w, "{who} reading {key}");
+    }
+    server.shutdown().await;
+}
+
 struct Pki {
     ca_pem: String,
     server: (String, String),

@@ -47,9 +47,17 @@ struct Decision {
 /// Whose decision about which keys.
 #[derive(PartialEq, Eq, Hash)]
 struct DecisionKey {
-    token: Vec<u8>,
+    /// Whose decision: the token as etcd finds it, `None` for a client without one.
+    token: Option<Vec<u8>>,
     key: Vec<u8>,
     range_end: Vec<u8>,
+}
+
+/// The token etcd takes a client's identity from (`auth/store.go` `AuthInfoFromCtx`): the
+/// `token` metadata, or else `authorization` (grpc-gateway's), without a leading `Bearer `.
+fn client_token(md: &MetadataMap) -> Option<Vec<u8>> {
+    let v = md.get("token").or_else(|| md.get("authorization"))?.as_bytes();
+    Some(v.strip_prefix(b"Bearer ").unwrap_or(v).to_vec())
 }
 
 /// Permission checks for cached reads.
@@ -134,8 +142,11 @@ impl AuthChecker {
         if !self.enabled() {
             return Ok(());
         }
-        let token = md.get("token").map(|v| v.as_bytes().to_vec()).unwrap_or_default();
-        let k = DecisionKey { token, key: key.to_vec(), range_end: range_end.to_vec() };
+        let k = DecisionKey {
+            token: client_token(md),
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
+        };
         let now = Instant::now();
         if let Ok(d) = self.decisions.lock() {
             if let Some(decision) = d.get(&k) {
@@ -199,5 +210,30 @@ impl Permissions for AuthPermissions {
 
     fn check_now(&self) -> Option<Permission> {
         (!self.0.enabled()).then_some(Permission::Allowed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_found_where_etcd_finds_it() {
+        let md = |pairs: &[(&'static str, &str)]| {
+            let mut m = MetadataMap::new();
+            for (k, v) in pairs {
+                m.append(*k, v.parse().expect("value"));
+            }
+            m
+        };
+        assert_eq!(client_token(&md(&[])), None);
+        assert_eq!(client_token(&md(&[("token", "t1")])), Some(b"t1".to_vec()));
+        assert_eq!(client_token(&md(&[("authorization", "Bearer t2")])), Some(b"t2".to_vec()));
+        assert_eq!(client_token(&md(&[("authorization", "t2")])), Some(b"t2".to_vec()));
+        // `token` wins, present even when empty; the first value counts.
+        let both = md(&[("authorization", "Bearer t2"), ("token", "t1")]);
+        assert_eq!(client_token(&both), Some(b"t1".to_vec()));
+        assert_eq!(client_token(&md(&[("token", ""), ("authorization", "t2")])), Some(vec![]));
+        assert_eq!(client_token(&md(&[("token", "t1"), ("token", "t3")])), Some(b"t1".to_vec()));
     }
 }
