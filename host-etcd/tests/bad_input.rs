@@ -225,11 +225,16 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
     let valid = enc(&PbWatchRequest {
         request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
     });
+    let progress = enc(&PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+    });
     // (Whether etcd sends `created` before failing a stream whose second message is garbage
     // is a race inside etcd, so only the error is compared there.)
     for (msgs, same_count) in [
         (vec![garbage.clone()], true),
         (vec![Bytes::new(), valid.clone()], true),
+        // A progress request before any watch: etcd has no watcher to answer for.
+        (vec![progress.clone(), valid.clone()], true),
         (vec![valid.clone(), garbage.clone()], false),
     ] {
         let (dm, de) = raw_watch(&direct_ep, msgs.clone()).await;

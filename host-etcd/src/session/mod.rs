@@ -579,6 +579,8 @@ impl WatchSession {
                 }
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => self.client_cancel(c.watch_id),
+            // etcd answers for a stream's watchers (`progressIfSync`): none, no answer.
+            Some(PbWatchRequestUnion::ProgressRequest(_)) if self.watches.is_empty() => {}
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
                 self.progress_wanted = true;
                 if self.query.is_none() {
