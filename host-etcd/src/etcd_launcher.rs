@@ -129,8 +129,18 @@ impl EmbeddedEtcd {
                 return Err(format!("etcd exited with {status}: {err}"));
             }
             if let Ok(mut c) = etcd_client::Client::connect([url.as_str()], None).await {
-                if c.status().await.is_ok() {
-                    return Ok(());
+                // With auth on, an anonymous status is refused: etcd answered all the same.
+                match c.status().await {
+                    Ok(_) => return Ok(()),
+                    Err(etcd_client::Error::GRpcStatus(s))
+                        if matches!(
+                            s.code(),
+                            tonic::Code::InvalidArgument | tonic::Code::PermissionDenied
+                        ) =>
+                    {
+                        return Ok(())
+                    }
+                    Err(_) => {}
                 }
             }
             if start.elapsed() > limit {

@@ -23,7 +23,7 @@ use crate::cache::{ReflectorCtl, StorageMsg};
 use crate::config::ReflectorOptions;
 use crate::keys::prefix_range;
 use crate::metrics::HostMetrics;
-use crate::upstream::{Upstream, NO_LEADER};
+use crate::upstream::{is_token_refusal, Upstream, NO_LEADER};
 
 /// Labels and the fields the core indexes and selects on, from a JSON object's `metadata`
 /// (and `spec.nodeName`); nothing for other values.
@@ -154,6 +154,9 @@ pub(crate) async fn run(
                 } else {
                     leader_probe(&upstream, &prefix).await.err().unwrap_or_default()
                 };
+                if is_token_refusal(&e) {
+                    upstream.refresh_tokens().await;
+                }
                 note_leader(&upstream, &leader_error, &mut backoff, &opts);
                 warn!(prefix = %name, error = %e, retry_in = ?backoff, "list failed");
                 if sleep_or_shutdown(backoff, &mut shutdown).await {
@@ -192,6 +195,9 @@ pub(crate) async fn run(
                     continue 'relist;
                 }
                 WatchEnd::Broken(e) => {
+                    if is_token_refusal(&e) {
+                        upstream.refresh_tokens().await;
+                    }
                     note_leader(&upstream, &e, &mut backoff, &opts);
                     warn!(prefix = %name, error = %e, retry_in = ?backoff, next_revision = next, "upstream watch broke; re-watching");
                     if sleep_or_shutdown(backoff, &mut shutdown).await {

@@ -85,6 +85,10 @@ pub struct Upstream {
     /// etcd ended or refused the cache's require-leader watch for want of a leader, and no
     /// watch has been created since.
     no_leader: Arc<watch::Sender<bool>>,
+    /// The cache's own user and password, for [`Upstream::own_token`].
+    credentials: Option<(String, String)>,
+    /// The token relays of watches etcd already permitted are opened with.
+    own_token: Arc<tokio::sync::Mutex<Option<String>>>,
 }
 
 /// Whether a call carries etcd's require-leader flag (`hasleader: true`, clientv3's
@@ -116,6 +120,48 @@ impl Upstream {
     /// The client for the cache's own watches (see the module's comment).
     pub(crate) fn watcher(&self) -> &etcd_client::Client {
         &self.watcher
+    }
+
+    /// Whether the cache authenticates to etcd as a user of its own.
+    pub(crate) fn has_credentials(&self) -> bool {
+        self.credentials.is_some()
+    }
+
+    /// A token of the cache's own user, for the relays of watches etcd already permitted (see
+    /// `session::driver::open_relay_watch`): one Authenticate, then the same token until etcd
+    /// refuses it (`refused`: that token), when it authenticates again (unless another relay
+    /// already did). Without credentials, an empty token.
+    pub(crate) async fn own_token(&self, refused: Option<&str>) -> Result<String, Status> {
+        let Some((user, password)) = &self.credentials else { return Ok(String::new()) };
+        let mut token = self.own_token.lock().await;
+        match token.as_deref() {
+            Some(t) if refused != Some(t) => return Ok(t.to_owned()),
+            _ => {}
+        }
+        let r =
+            self.client.auth_client().authenticate(user.clone(), password.clone()).await.map_err(
+                |e| match e {
+                    etcd_client::Error::GRpcStatus(s) => s,
+                    other => Status::unavailable(other.to_string()),
+                },
+            )?;
+        *token = Some(r.token().to_owned());
+        Ok(r.token().to_owned())
+    }
+
+    /// Authenticates the cache's own clients again, after etcd refused their token
+    /// ([`is_token_refusal`]) for a watch: an unused simple token expires after etcd's
+    /// `--auth-token-ttl`, and a restart forgets it, while the cache's upstream watch, created
+    /// once, uses it only when it is created again. A no-op without credentials.
+    pub(crate) async fn refresh_tokens(&self) {
+        if !self.auth {
+            return;
+        }
+        for c in [&self.client, &self.watcher] {
+            if let Err(e) = c.refresh_token().await {
+                tracing::warn!(error = %e, "authenticating to etcd again failed");
+            }
+        }
     }
 
     /// Whether etcd has said that its member has no leader (it ended or refused the cache's
@@ -160,7 +206,10 @@ impl Upstream {
             tls_cfg = Some(c);
         }
         if let Some((u, p)) = &cfg.user {
-            opts = opts.with_user(u.clone(), p.clone());
+            // etcd forgets a token unused for `--auth-token-ttl` (5 min) or lost in a restart:
+            // a unary call refused for it authenticates again and is retried, as clientv3's
+            // are (its watches, which etcd refuses by a cancel, see `refresh_tokens`).
+            opts = opts.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
         }
         let mut client = etcd_client::Client::connect(&urls, Some(opts.clone()))
             .await
@@ -208,6 +257,8 @@ impl Upstream {
             voting_members: Arc::default(),
             watcher,
             no_leader: Arc::new(watch::channel(false).0),
+            credentials: cfg.user.clone(),
+            own_token: Arc::default(),
         })
     }
 
@@ -231,6 +282,8 @@ impl Upstream {
             auth: false,
             voting_members: Arc::default(),
             no_leader: Arc::new(watch::channel(false).0),
+            credentials: None,
+            own_token: Arc::default(),
         })
     }
 
@@ -450,6 +503,14 @@ async fn grpc_on(channel: Channel) -> Result<tonic::client::Grpc<Channel>, Statu
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_RECEIVE_BYTES);
     grpc.ready().await.map_err(|e| Status::unavailable(format!("etcd unavailable: {e}")))?;
     Ok(grpc)
+}
+
+/// Whether an error from etcd refuses the token a call carried (clientv3 then authenticates
+/// again, `shouldRefreshToken`): invalid (expired, or forgotten by a restart), or issued
+/// before the last change to users and roles (JWT tokens).
+pub(crate) fn is_token_refusal(text: &str) -> bool {
+    text.contains("etcdserver: invalid auth token")
+        || text.contains("etcdserver: revision of auth store is old")
 }
 
 /// Metadata a client sent that etcd needs to see (its token, require-leader, ...), without

@@ -217,6 +217,110 @@ async fn a_token_in_the_authorization_header_is_that_clients_alone() {
     server.shutdown().await;
 }
 
+/// etcd's simple tokens expire when unused for `--auth-token-ttl` (and after a restart, unless
+/// etcd replays their Authenticate). watchcache's own client then authenticates again, and a
+/// client's watch, whose permission etcd checked when it was created, goes on as over etcd
+/// itself: etcd never checks a watch's permission again, and a client of etcd would reconnect
+/// and authenticate again, while watchcache's client never saw the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_read() {
+    support::init_tracing();
+    let opts = || EtcdOptions {
+        extra_args: vec!["--auth-token-ttl=2".into(), "--snapshot-count=1".into()],
+        ..Default::default()
+    };
+    let mut etcd = host_etcd::EmbeddedEtcd::start(opts()).await.expect("etcd");
+    let mut admin = support::connect(&etcd.endpoint(), None).await;
+    admin.put("/a/1", "v", None).await.expect("put");
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin.user_grant_role("root", "root").await.expect("root role");
+    admin.role_add("reader").await.expect("role");
+    for p in ["/a/", "/b/"] {
+        admin
+            .role_grant_permission("reader", Permission::read(p).with_prefix())
+            .await
+            .expect("grant");
+    }
+    admin.user_add("alice", "alicepw", None).await.expect("alice");
+    admin.user_grant_role("alice", "reader").await.expect("alice role");
+    admin.auth_enable().await.expect("auth on");
+    let mut cfg = support::test_config(&etcd);
+    cfg.prefixes = vec![b"/a/".to_vec()];
+    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
+    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
+    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    let grpc = server.grpc_addr().to_string();
+    // As clientv3 does, alice's client authenticates again when told its token is invalid.
+    let alice_opts =
+        ConnectOptions::new().with_user("alice", "alicepw").with_auto_token_refresh(true);
+    let mut alice = support::connect(&grpc, Some(alice_opts)).await;
+    // One watch from the cache, one outside the cached prefix (relayed to etcd).
+    let all = || Some(WatchOptions::new().with_prefix());
+    let mut cached = alice.watch("/a/", all()).await.expect("watch");
+    let mut relayed = alice.watch("/b/", all()).await.expect("watch");
+    for s in [&mut cached, &mut relayed] {
+        let m = s.message().await.expect("ok").expect("created");
+        assert!(m.created() && !m.canceled(), "{m:?}");
+    }
+
+    // Twice: the second time the token watchcache opened the relay with has expired too (it
+    // authenticates again when etcd refuses it).
+    let root =
+        || Some(ConnectOptions::new().with_user("root", "rootpw").with_auto_token_refresh(true));
+    for round in 1..=2 {
+        // Every token unused for longer than etcd's TTL is gone, watchcache's and alice's, and
+        // with a snapshot after their Authenticate requests (`--snapshot-count=1`), the
+        // restart does not bring them back by replaying them.
+        let mut admin = support::connect(&etcd.endpoint(), root()).await;
+        for i in 0..4 {
+            admin.put(format!("/c/{i}"), "x", None).await.expect("put");
+        }
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        etcd.restart(opts()).await.expect("etcd restarts");
+        let mut admin = support::connect(&etcd.endpoint(), root()).await;
+        let value = format!("after restart {round}");
+        let (ra, rb) = (
+            admin
+                .put("/a/2", value.clone(), None)
+                .await
+                .expect("put")
+                .header()
+                .expect("h")
+                .revision(),
+            admin
+                .put("/b/2", value.clone(), None)
+                .await
+                .expect("put")
+                .header()
+                .expect("h")
+                .revision(),
+        );
+        for (name, s, rev) in [("cached", &mut cached, ra), ("relayed", &mut relayed, rb)] {
+            let got = tokio::time::timeout(Duration::from_secs(15), async {
+                loop {
+                    let m = s.message().await.expect("ok").expect("a response");
+                    assert!(!m.canceled(), "{name}, round {round}: cancelled: {m:?}");
+                    if let Some(e) = m
+                        .events()
+                        .iter()
+                        .find(|e| e.kv().is_some_and(|kv| kv.mod_revision() == rev))
+                    {
+                        return e.kv().map(|kv| kv.value().to_vec());
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{name}, round {round}: no event after etcd's restart"));
+            assert_eq!(got.as_deref(), Some(value.as_bytes()), "{name}, round {round}");
+        }
+        // A linearizable read through the cache needs etcd's revision, read with the cache's
+        // own (new) token.
+        let r = alice.get("/a/2", None).await.expect("linearizable read through the cache");
+        assert_eq!(r.kvs().first().map(|kv| kv.value()), Some(value.as_bytes()), "round {round}");
+    }
+    server.shutdown().await;
+}
+
 struct Pki {
     ca_pem: String,
     server: (String, String),

@@ -41,7 +41,9 @@ use crate::cache::{CacheHandle, CacheStatus, EtcdWatchStart};
 use crate::clock::Clock;
 use crate::metrics::HostMetrics;
 use crate::queue;
-use crate::upstream::{no_leader_status, requires_leader, Upstream, NO_LEADER};
+use crate::upstream::{
+    is_token_refusal, no_leader_status, requires_leader, UpWatchRx, UpWatchTx, Upstream, NO_LEADER,
+};
 
 /// Decides whether a client may read a range (etcd auth), for cached watches.
 pub trait Permissions: Send + Sync + 'static {
@@ -523,12 +525,13 @@ impl Driver {
     }
 
     fn one(&mut self, o: SessionOutput, feedback: &mut Vec<Feedback>) {
-        if let SessionOutput::Upstream(UpstreamCmd::Open { relay, request }) = o {
+        if let SessionOutput::Upstream(UpstreamCmd::Open { relay, request, permitted }) = o {
             let tx = self.relay_sender();
             let (ctl, ctl_rx) = mpsc::unbounded_channel();
             self.relays.insert(relay, ctl);
             self.env.metrics.count_upstream_request("watch");
-            tokio::spawn(run_relay(self.env.clone(), self.md.clone(), request, relay, tx, ctl_rx));
+            let md = self.md.clone();
+            tokio::spawn(run_relay(self.env.clone(), md, request, permitted, relay, tx, ctl_rx));
             return;
         }
         let env = &self.env;
@@ -636,6 +639,7 @@ async fn run_relay(
     env: Arc<SessionEnv>,
     md: MetadataMap,
     request: PbWatchRequest,
+    permitted: bool,
     id: RelayId,
     tx: mpsc::Sender<(RelayId, RelayEvent)>,
     mut ctl: mpsc::UnboundedReceiver<RelayCtl>,
@@ -643,11 +647,11 @@ async fn run_relay(
     let (upstream, metrics) = (&env.upstream, &env.metrics);
     let pause_after = Duration::from_millis(env.config.relay_pause_ms);
     let opened = tokio::select! {
-        o = upstream.open_watch(&md, request) => o,
+        o = open_relay_watch(upstream, &md, request, permitted) => o,
         // Closed by the session before etcd answered.
         None = ctl.recv() => return,
     };
-    let (mut up_tx, mut stream) = match opened {
+    let (mut up_tx, mut stream, mut first) = match opened {
         Ok(x) => x,
         Err(s) => {
             let ended = RelayEvent::Ended {
@@ -680,7 +684,7 @@ async fn run_relay(
                 }
                 None => return,
             },
-            m = stream.message() => {
+            m = next_response(&mut stream, &mut first) => {
                 let ev = match m {
                     Ok(Some(r)) => RelayEvent::Response(Box::new(r)),
                     Ok(None) => RelayEvent::Ended { error: Some("etcd closed the watch stream".into()), unavailable: true },
@@ -716,6 +720,58 @@ async fn run_relay(
                 }
             }
         }
+    }
+}
+
+/// Opens a relay's etcd watch. A watch etcd already permitted to the client is opened with the
+/// cache's own credentials when it has some (etcd checks a watch's permission once, at its
+/// creation; the client's token may have expired or been forgotten by an etcd restart since,
+/// and the client, whose stream never broke, would not know to authenticate again). If etcd
+/// refuses the cache's token as expired, the cache authenticates again and opens it once more:
+/// the watch, and etcd's first response if it was read for that.
+async fn open_relay_watch(
+    upstream: &Upstream,
+    md: &MetadataMap,
+    request: PbWatchRequest,
+    permitted: bool,
+) -> Result<(UpWatchTx, UpWatchRx, Option<PbWatchResponse>), Status> {
+    if !permitted || !upstream.has_credentials() {
+        let (tx, rx) = upstream.open_watch(md, request).await?;
+        return Ok((tx, rx, None));
+    }
+    let mut refused = None;
+    loop {
+        let token = upstream.own_token(refused.as_deref()).await?;
+        let md = with_token(md, &token);
+        let (tx, mut rx) = upstream.open_watch(&md, request.clone()).await?;
+        let first = rx.message().await?;
+        match &first {
+            Some(r) if r.canceled && is_token_refusal(&r.cancel_reason) && refused.is_none() => {
+                refused = Some(token);
+            }
+            _ => return Ok((tx, rx, first)),
+        }
+    }
+}
+
+/// The client's metadata with the cache's token in place of the client's.
+fn with_token(md: &MetadataMap, token: &str) -> MetadataMap {
+    let mut md = md.clone();
+    md.remove("authorization");
+    if let Ok(v) = token.parse() {
+        md.insert("token", v);
+    }
+    md
+}
+
+/// A relay's next response from etcd: the one read when it was opened, if any, first.
+async fn next_response(
+    stream: &mut UpWatchRx,
+    first: &mut Option<PbWatchResponse>,
+) -> Result<Option<PbWatchResponse>, Status> {
+    match first.take() {
+        Some(r) => Ok(Some(r)),
+        None => stream.message().await,
     }
 }
 

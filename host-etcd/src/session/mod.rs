@@ -241,6 +241,9 @@ pub enum UpstreamCmd {
         relay: RelayId,
         /// The create request (the client's, with the start revision to resume from).
         request: PbWatchRequest,
+        /// The watch was already permitted to the client (see `Watch::permitted`): the relay
+        /// is opened with the cache's own credentials.
+        permitted: bool,
     },
     /// Send a progress request on the relay's stream.
     Progress {
@@ -392,6 +395,11 @@ struct Watch {
     cancel_requested: bool,
     /// Its id was the session's choice (the client asked for none).
     auto_id: bool,
+    /// etcd (a relay's `created`) or the permission check let the client have it: as etcd
+    /// checks a watch's permission once, at its creation, a relay that takes it up later is
+    /// opened as the cache itself ([`UpstreamCmd::Open`]'s `permitted`), not with the
+    /// client's token, which etcd may have forgotten since.
+    permitted: bool,
     /// Responses held until `created` has gone out.
     held: Vec<Response>,
     events_since_tick: bool,
@@ -657,6 +665,9 @@ impl WatchSession {
         match (decision, cache) {
             (Permission::Allowed, Some(c)) => {
                 let start = w.spec.start_revision.max(0) as u64;
+                if let Some(w) = self.watches.get_mut(&id) {
+                    w.permitted = true;
+                }
                 self.start_on_cache(id, c, start, self.cfg.create_wait_ms);
             }
             (Permission::Denied(reason), _) => {
@@ -840,6 +851,7 @@ impl WatchSession {
             doomed: false,
             cancel_requested: false,
             auto_id: requested_id == 0,
+            permitted: false,
             held: Vec::new(),
             fragments: None,
             events_since_tick: false,
@@ -1106,11 +1118,15 @@ impl WatchSession {
             c.fragment = w.spec.fragment;
             c.filters = w.spec.filters();
         }
+        let permitted = w.permitted;
         self.by_relay.insert(relay, id);
         self.invalidate_query(id);
         self.outputs.push_back(SessionOutput::Note(Note::ServedFromEtcd));
-        self.outputs
-            .push_back(SessionOutput::Upstream(UpstreamCmd::Open { relay, request: create }));
+        self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Open {
+            relay,
+            request: create,
+            permitted,
+        }));
     }
 
     /// Puts a watch that is between sources back on one: its cache if the window holds the
@@ -1305,6 +1321,7 @@ impl WatchSession {
             }
             w.source = Source::Relay { relay };
             w.failures = 0;
+            w.permitted = true;
             if w.from_now {
                 let rev = r.header.as_ref().map_or(0, |h| h.revision.max(0) as u64);
                 w.from_now = false;

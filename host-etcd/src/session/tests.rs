@@ -182,7 +182,7 @@ impl FakeEtcd {
 
     fn command(&mut self, cmd: UpstreamCmd, h: &History) {
         match cmd {
-            UpstreamCmd::Open { relay, request } => {
+            UpstreamCmd::Open { relay, request, .. } => {
                 self.opened += 1;
                 if !self.up {
                     self.inbox.push_back((
