@@ -263,7 +263,9 @@ impl Server {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .initial_connection_window_size(Some(16 << 20))
-            .initial_stream_window_size(Some(4 << 20));
+            .initial_stream_window_size(Some(4 << 20))
+            // grpc-go's (etcd's) limit on a request's headers, where hyper's is 16 KiB.
+            .http2_max_header_list_size(Some(16 << 20));
         let routes = tonic::service::Routes::from(router);
         let mut stop = shutdown_rx.clone();
         // Every accepted socket without Nagle's algorithm: tonic's `tcp_nodelay` applies only
