@@ -130,23 +130,30 @@ impl Upstream {
     /// A token of the cache's own user, for the relays of watches etcd already permitted (see
     /// `session::driver::open_relay_watch`): one Authenticate, then the same token until etcd
     /// refuses it (`refused`: that token), when it authenticates again (unless another relay
-    /// already did). Without credentials, an empty token.
-    pub(crate) async fn own_token(&self, refused: Option<&str>) -> Result<String, Status> {
-        let Some((user, password)) = &self.credentials else { return Ok(String::new()) };
+    /// already did). `None` without credentials, or when etcd has auth turned off (it then
+    /// refuses to authenticate, and reads no token).
+    pub(crate) async fn own_token(&self, refused: Option<&str>) -> Result<Option<String>, Status> {
+        let Some((user, password)) = &self.credentials else { return Ok(None) };
         let mut token = self.own_token.lock().await;
         match token.as_deref() {
-            Some(t) if refused != Some(t) => return Ok(t.to_owned()),
+            Some(t) if refused != Some(t) => return Ok(Some(t.to_owned())),
             _ => {}
         }
-        let r =
-            self.client.auth_client().authenticate(user.clone(), password.clone()).await.map_err(
-                |e| match e {
-                    etcd_client::Error::GRpcStatus(s) => s,
-                    other => Status::unavailable(other.to_string()),
-                },
-            )?;
-        *token = Some(r.token().to_owned());
-        Ok(r.token().to_owned())
+        let r = self.client.auth_client().authenticate(user.clone(), password.clone()).await;
+        match r {
+            Ok(r) => {
+                *token = Some(r.token().to_owned());
+                Ok(Some(r.token().to_owned()))
+            }
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.message().contains("authentication is not enabled") =>
+            {
+                *token = None;
+                Ok(None)
+            }
+            Err(etcd_client::Error::GRpcStatus(s)) => Err(s),
+            Err(other) => Err(Status::unavailable(other.to_string())),
+        }
     }
 
     /// Authenticates the cache's own clients again, after etcd refused their token

@@ -263,21 +263,37 @@ async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_re
         assert!(m.created() && !m.canceled(), "{m:?}");
     }
 
-    // Twice: the second time the token watchcache opened the relay with has expired too (it
-    // authenticates again when etcd refuses it).
+    // Round 1 with auth turned off on etcd, which then refuses to authenticate anyone (and
+    // reads no token): the relay cannot get a token of the cache's own. Rounds 2 and 3 with
+    // auth on again; in round 3 the token the cache opened the relay with in round 2 has
+    // expired too (it authenticates again when etcd refuses it).
     let root =
         || Some(ConnectOptions::new().with_user("root", "rootpw").with_auto_token_refresh(true));
-    for round in 1..=2 {
+    for round in 1..=3 {
+        let auth_on = round != 1;
+        let mut admin = match round {
+            1 => {
+                let mut c = support::connect(&etcd.endpoint(), root()).await;
+                c.auth_disable().await.expect("auth off");
+                c
+            }
+            2 => {
+                let mut c = support::connect(&etcd.endpoint(), None).await;
+                c.auth_enable().await.expect("auth on again");
+                support::connect(&etcd.endpoint(), root()).await
+            }
+            _ => support::connect(&etcd.endpoint(), root()).await,
+        };
         // Every token unused for longer than etcd's TTL is gone, watchcache's and alice's, and
         // with a snapshot after their Authenticate requests (`--snapshot-count=1`), the
         // restart does not bring them back by replaying them.
-        let mut admin = support::connect(&etcd.endpoint(), root()).await;
         for i in 0..4 {
             admin.put(format!("/c/{i}"), "x", None).await.expect("put");
         }
         tokio::time::sleep(Duration::from_secs(4)).await;
         etcd.restart(opts()).await.expect("etcd restarts");
-        let mut admin = support::connect(&etcd.endpoint(), root()).await;
+        let mut admin =
+            support::connect(&etcd.endpoint(), if auth_on { root() } else { None }).await;
         let value = format!("after restart {round}");
         let (ra, rb) = (
             admin

@@ -647,7 +647,7 @@ async fn run_relay(
     let (upstream, metrics) = (&env.upstream, &env.metrics);
     let pause_after = Duration::from_millis(env.config.relay_pause_ms);
     let opened = tokio::select! {
-        o = open_relay_watch(upstream, &md, request, permitted) => o,
+        o = open_relay_watch(&env, &md, request, permitted) => o,
         // Closed by the session before etcd answered.
         None = ctl.recv() => return,
     };
@@ -730,23 +730,28 @@ async fn run_relay(
 /// refuses the cache's token as expired, the cache authenticates again and opens it once more:
 /// the watch, and etcd's first response if it was read for that.
 async fn open_relay_watch(
-    upstream: &Upstream,
+    env: &SessionEnv,
     md: &MetadataMap,
     request: PbWatchRequest,
     permitted: bool,
 ) -> Result<(UpWatchTx, UpWatchRx, Option<PbWatchResponse>), Status> {
+    let upstream = &env.upstream;
     if !permitted || !upstream.has_credentials() {
         let (tx, rx) = upstream.open_watch(md, request).await?;
         return Ok((tx, rx, None));
     }
     let mut refused = None;
     loop {
-        let token = upstream.own_token(refused.as_deref()).await?;
-        let md = with_token(md, &token);
-        let (tx, mut rx) = upstream.open_watch(&md, request.clone()).await?;
+        let Some(token) = upstream.own_token(refused.as_deref()).await? else {
+            // etcd has auth off: it reads no token.
+            let (tx, rx) = upstream.open_watch(md, request).await?;
+            return Ok((tx, rx, None));
+        };
+        let (tx, mut rx) = upstream.open_watch(&with_token(md, &token), request.clone()).await?;
         let first = rx.message().await?;
         match &first {
             Some(r) if r.canceled && is_token_refusal(&r.cancel_reason) && refused.is_none() => {
+                env.metrics.count_upstream_request("watch");
                 refused = Some(token);
             }
             _ => return Ok((tx, rx, first)),
