@@ -228,12 +228,21 @@ async fn health_readiness_metrics_and_debug_state() {
     );
     let ready = support::http::get(format!("{base}/readyz")).await.expect("readyz");
     assert_eq!(ready.status(), 200);
-    let metrics = support::http::get(format!("{base}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    // Ready comes with the list; the upstream watch opens right after it (on a busy machine,
+    // a moment later): the metrics are read again until it is counted, for at most 5 s.
+    let mut metrics = String::new();
+    for _ in 0..50 {
+        metrics = support::http::get(format!("{base}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        if metrics.contains("watchcache_upstream_watches 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for name in [
         "apiserver_watch_cache_events_received_total{resource=\"/\",prefix=\"/\"}",
         "apiserver_watch_cache_initializations_total{resource=\"/\",prefix=\"/\"} 1",
