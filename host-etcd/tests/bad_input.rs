@@ -52,26 +52,14 @@ impl Decoder for RawDec {
 }
 
 async fn raw_unary(endpoint: &str, path: &'static str, body: Bytes) -> Result<Bytes, Status> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut g = tonic::client::Grpc::new(ch);
-    g.ready().await.expect("ready");
+    let mut g = support::grpc(endpoint).await;
     g.unary(tonic::Request::new(body), http::uri::PathAndQuery::from_static(path), Raw)
         .await
         .map(|r| r.into_inner())
 }
 
 async fn raw_watch(endpoint: &str, msgs: Vec<Bytes>) -> (Vec<Bytes>, Option<Status>) {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut g = tonic::client::Grpc::new(ch);
-    g.ready().await.expect("ready");
+    let mut g = support::grpc(endpoint).await;
     let stream = tokio_stream::iter(msgs);
     let resp = g
         .streaming(
@@ -259,13 +247,7 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
 
 /// A Range with `bytes` of metadata in one header: the answer's number of keys, or the error.
 async fn range_with_metadata(endpoint: &str, bytes: usize, sort: bool) -> Result<usize, String> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut g = tonic::client::Grpc::new(ch);
-    g.ready().await.expect("ready");
+    let mut g = support::grpc(endpoint).await;
     // Sorted: passed through to etcd.
     let sort_order = if sort { 1 } else { 0 };
     let mut req = tonic::Request::new(PbRangeRequest {

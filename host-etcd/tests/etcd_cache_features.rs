@@ -270,13 +270,7 @@ async fn range_stream(
     endpoint: &str,
     req: &PbRangeRequest,
 ) -> Result<Vec<PbRangeStreamResponse>, tonic::Status> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut g = tonic::client::Grpc::new(ch);
-    g.ready().await.expect("ready");
+    let mut g = support::grpc(endpoint).await;
     let codec = tonic_prost::ProstCodec::<PbRangeRequest, PbRangeStreamResponse>::default();
     let mut s = g
         .server_streaming(

@@ -21,27 +21,41 @@ fn norm<T>(r: Result<T, etcd_client::Error>) -> Result<(), (tonic::Code, String)
     }
 }
 
+/// Turns etcd's auth on with `root` (password `rootpw`) and `alice` (`alicepw`), who may read
+/// the prefixes `readable`; then starts watchcache on `prefixes` as root.
+async fn with_auth(
+    etcd: &host_etcd::EmbeddedEtcd,
+    readable: &[&str],
+    prefixes: &[&str],
+) -> host_etcd::Server {
+    let mut admin = support::connect(&etcd.endpoint(), None).await;
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin.user_grant_role("root", "root").await.expect("root role");
+    admin.role_add("reader").await.expect("role");
+    for p in readable {
+        admin
+            .role_grant_permission("reader", Permission::read(*p).with_prefix())
+            .await
+            .expect("grant");
+    }
+    admin.user_add("alice", "alicepw", None).await.expect("alice");
+    admin.user_grant_role("alice", "reader").await.expect("alice role");
+    admin.auth_enable().await.expect("auth on");
+    let mut cfg = support::test_config(etcd);
+    cfg.prefixes = prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
+    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
+    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
+    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    server
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
     let etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
     let mut admin = support::connect(&etcd.endpoint(), None).await;
     admin.put("/a/1", "one", None).await.expect("put");
     admin.put("/b/1", "secret", None).await.expect("put");
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin.user_grant_role("root", "root").await.expect("root role");
-    admin.role_add("reader").await.expect("role");
-    admin
-        .role_grant_permission("reader", Permission::read("/a/").with_prefix())
-        .await
-        .expect("grant");
-    admin.user_add("alice", "alicepw", None).await.expect("alice");
-    admin.user_grant_role("alice", "reader").await.expect("alice role");
-    admin.auth_enable().await.expect("auth on");
-
-    let mut cfg = support::test_config(&etcd);
-    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
-    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
-    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    let server = with_auth(&etcd, &["/a/"], &["/"]).await;
     let grpc = server.grpc_addr().to_string();
     let alice = || ConnectOptions::new().with_user("alice", "alicepw");
     let mut direct = support::connect(&etcd.endpoint(), Some(alice())).await;
@@ -141,13 +155,7 @@ async fn range_with_header(
     header: Option<(&'static str, String)>,
     key: &str,
 ) -> Result<usize, (tonic::Code, String)> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut g = tonic::client::Grpc::new(ch);
-    g.ready().await.expect("ready");
+    let mut g = support::grpc(endpoint).await;
     let mut req = tonic::Request::new(etcd_client::proto::PbRangeRequest {
         key: key.as_bytes().to_vec(),
         ..Default::default()
@@ -176,20 +184,7 @@ async fn a_token_in_the_authorization_header_is_that_clients_alone() {
     for k in ["/a/1", "/a/2"] {
         admin.put(k, "v", None).await.expect("put");
     }
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin.user_grant_role("root", "root").await.expect("root role");
-    admin.role_add("reader").await.expect("role");
-    admin
-        .role_grant_permission("reader", Permission::read("/a/").with_prefix())
-        .await
-        .expect("grant");
-    admin.user_add("alice", "alicepw", None).await.expect("alice");
-    admin.user_grant_role("alice", "reader").await.expect("alice role");
-    admin.auth_enable().await.expect("auth on");
-    let mut cfg = support::test_config(&etcd);
-    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
-    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
-    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    let server = with_auth(&etcd, &["/a/"], &["/"]).await;
     let (direct, cached) = (etcd.endpoint(), server.grpc_addr().to_string());
     let alice =
         support::connect(&direct, Some(ConnectOptions::new().with_user("alice", "alicepw"))).await;
@@ -232,23 +227,7 @@ async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_re
     let mut etcd = host_etcd::EmbeddedEtcd::start(opts()).await.expect("etcd");
     let mut admin = support::connect(&etcd.endpoint(), None).await;
     admin.put("/a/1", "v", None).await.expect("put");
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin.user_grant_role("root", "root").await.expect("root role");
-    admin.role_add("reader").await.expect("role");
-    for p in ["/a/", "/b/"] {
-        admin
-            .role_grant_permission("reader", Permission::read(p).with_prefix())
-            .await
-            .expect("grant");
-    }
-    admin.user_add("alice", "alicepw", None).await.expect("alice");
-    admin.user_grant_role("alice", "reader").await.expect("alice role");
-    admin.auth_enable().await.expect("auth on");
-    let mut cfg = support::test_config(&etcd);
-    cfg.prefixes = vec![b"/a/".to_vec()];
-    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
-    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
-    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    let server = with_auth(&etcd, &["/a/", "/b/"], &["/a/"]).await;
     let grpc = server.grpc_addr().to_string();
     // As clientv3 does, alice's client authenticates again when told its token is invalid.
     let alice_opts =

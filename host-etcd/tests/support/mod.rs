@@ -154,6 +154,14 @@ pub async fn grpc_channel(endpoint: &str) -> tonic::transport::Channel {
         .expect("connect")
 }
 
+/// A raw gRPC client on `endpoint`, ready: for requests and metadata etcd-client does not
+/// send.
+pub async fn grpc(endpoint: &str) -> tonic::client::Grpc<tonic::transport::Channel> {
+    let mut g = tonic::client::Grpc::new(grpc_channel(endpoint).await);
+    g.ready().await.expect("ready");
+    g
+}
+
 /// Runs etcdctl with the given endpoint and arguments; returns stdout (panics on failure).
 pub fn etcdctl(endpoint: &str, args: &[&str]) -> String {
     let bin = host_etcd::etcd_launcher::find_binary("etcdctl")
