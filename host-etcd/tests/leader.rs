@@ -58,11 +58,20 @@ impl Member {
             .arg("--election-timeout=300")
             .arg("--log-level=error")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(self.log())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", etcd_binary().display()));
         self.child = Some(child);
+    }
+
+    /// etcd's log (errors only), appended to over restarts.
+    fn log(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("etcd log")
     }
 
     async fn stop(&mut self) {
@@ -72,42 +81,65 @@ impl Member {
     }
 }
 
+/// Starts a cluster of `n` members and waits for its leader. The ports are free when picked but
+/// not held, so another test's connection can take one before etcd binds it (the member then
+/// exits at once): a cluster without a leader after 15 s is started again on new ports, three
+/// times at most.
 async fn start_cluster(n: usize) -> (Vec<Member>, String) {
-    let mut members: Vec<Member> = (0..n)
-        .map(|i| Member {
-            name: format!("m{i}"),
-            client_port: free_port(),
-            peer_port: free_port(),
-            dir: tempfile::tempdir().expect("tempdir"),
-            child: None,
-        })
-        .collect();
-    let cluster = members
-        .iter()
-        .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
-        .collect::<Vec<_>>()
-        .join(",");
-    for m in members.iter_mut() {
-        m.start(&cluster, "new");
+    for attempt in 1..=3 {
+        let mut members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                dir: tempfile::tempdir().expect("tempdir"),
+                child: None,
+            })
+            .collect();
+        let cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        for m in members.iter_mut() {
+            m.start(&cluster, "new");
+        }
+        let mut led = true;
+        for m in &members {
+            led = led && has_leader_within(&m.endpoint(), Duration::from_secs(15)).await;
+        }
+        if led {
+            return (members, cluster);
+        }
+        eprintln!("attempt {attempt}: the cluster on {cluster} has no leader after 15 s");
+        for m in members.iter_mut() {
+            m.stop().await;
+            let log = std::fs::read_to_string(m.dir.path().join("etcd.log")).unwrap_or_default();
+            eprintln!("{}'s log:\n{}", m.name, log.lines().take(20).collect::<Vec<_>>().join("\n"));
+        }
     }
-    for m in &members {
-        wait_leader(&m.endpoint(), Duration::from_secs(30)).await;
-    }
-    (members, cluster)
+    panic!("no etcd cluster with a leader in 3 attempts");
 }
 
 /// Waits until the member at `ep` knows a leader.
 async fn wait_leader(ep: &str, limit: Duration) {
+    assert!(has_leader_within(ep, limit).await, "{ep} has no leader after {limit:?}");
+}
+
+/// Whether the member at `ep` knows a leader within `limit`.
+async fn has_leader_within(ep: &str, limit: Duration) -> bool {
     let start = Instant::now();
     loop {
         if let Ok(mut c) = Client::connect([ep], None).await {
             if let Ok(s) = c.status().await {
                 if s.leader() != 0 {
-                    return;
+                    return true;
                 }
             }
         }
-        assert!(start.elapsed() < limit, "{ep} has no leader after {limit:?}");
+        if start.elapsed() >= limit {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
