@@ -424,9 +424,73 @@ pub(crate) fn events_differ(d: &Recorded, w: &Recorded) -> Option<String> {
     ))
 }
 
+/// Whether the only differences between etcd's events `d` and watchcache's `w` are events
+/// where etcd sent no previous value and watchcache sent the one etcd's history `hist` has
+/// (the key's event just before, a put): etcd 3.7.3's prev_kv registration race (`recvLoop`
+/// registers the watcher before it sets the flag; the catch-up built in between has none).
+/// Then the differences, as notes about etcd's answer; `None` when any difference is other.
+pub(crate) fn etcd_missed_prev_kv(d: &Recorded, w: &Recorded, hist: &[Ev]) -> Option<Vec<String>> {
+    let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
+    if de.len() != we.len() {
+        return None;
+    }
+    let mut notes = Vec::new();
+    for (a, b) in de.iter().zip(&we).filter(|(a, b)| a != b) {
+        let (Some((value, rev)), None) = (&b.prev, &a.prev) else { return None };
+        let same_but_prev = Ev { prev: None, ..(*b).clone() } == **a;
+        // The key's last event in etcd's history before this one.
+        let before = hist.iter().rev().find(|h| h.key == b.key && h.rev < b.rev);
+        let proven = before.is_some_and(|h| !h.delete && h.rev == *rev && h.value == *value);
+        if !same_but_prev || !proven {
+            return None;
+        }
+        notes.push(format!(
+            "{}: etcd sent revision {} of {:?} without its previous value (revision {rev})",
+            w.name,
+            b.rev,
+            String::from_utf8_lossy(&b.key)
+        ));
+    }
+    Some(notes)
+}
+
+#[test]
+fn only_a_previous_value_etcd_left_out_and_its_history_proves_is_etcds_miss() {
+    let ev = |rev: i64, value: &str, prev: Option<(&str, i64)>| Ev {
+        rev,
+        key: b"/q/k".to_vec(),
+        value: value.into(),
+        delete: false,
+        create_rev: 1,
+        version: rev,
+        prev: prev.map(|(v, r)| (v.into(), r)),
+    };
+    let hist = vec![ev(3, "a", None), ev(5, "b", None), ev(7, "c", None)];
+    let rec = |events: Vec<Ev>| {
+        let mut r = Recorded { name: "w".into(), ..Default::default() };
+        r.responses.push(support::conformance::Resp { events, ..Default::default() });
+        r
+    };
+    let etcd = rec(vec![ev(5, "b", None), ev(7, "c", Some(("b", 5)))]);
+    let right = rec(vec![ev(5, "b", Some(("a", 3))), ev(7, "c", Some(("b", 5)))]);
+    assert_eq!(etcd_missed_prev_kv(&etcd, &right, &hist).map(|n| n.len()), Some(1));
+    // Planted: a wrong previous value, a previous revision that is not the key's last, a
+    // value that differs besides, an event missing; and watchcache leaving one out.
+    for wrong in [
+        rec(vec![ev(5, "b", Some(("x", 3))), ev(7, "c", Some(("b", 5)))]),
+        rec(vec![ev(5, "b", Some(("a", 1))), ev(7, "c", Some(("b", 5)))]),
+        rec(vec![ev(5, "B", Some(("a", 3))), ev(7, "c", Some(("b", 5)))]),
+        rec(vec![ev(5, "b", Some(("a", 3)))]),
+        rec(vec![ev(5, "b", None), ev(7, "c", None)]),
+    ] {
+        assert_eq!(etcd_missed_prev_kv(&etcd, &wrong, &hist), None, "{:?}", wrong.responses);
+    }
+}
+
 /// `n` random writes, then a compaction through watchcache (as kube-apiserver compacts: the
-/// cache is told) `back` to `back + 19` revisions below the last, never below `compacted`;
-/// returns the last revision and the compaction, once the cache has the writes.
+/// cache is told) `back` to `back + 19` revisions below the last, if that is above `compacted`
+/// (etcd refuses a compaction at or below its own); returns the last revision and the
+/// compaction, once the cache has the writes.
 pub(crate) async fn write_and_compact(
     env: &Env,
     [direct, cached]: [&mut Client; 2],
@@ -440,8 +504,13 @@ pub(crate) async fn write_and_compact(
     for i in 0..n {
         now = write(direct, rng, &ks, lease, i, 0).await;
     }
-    let compacted = compacted.max(now - back - rng.below(20) as i64);
-    cached.compact(compacted, None).await.expect("compact");
+    let target = now - back - rng.below(20) as i64;
+    let compacted = if target > compacted {
+        cached.compact(target, None).await.expect("compact");
+        target
+    } else {
+        compacted
+    };
     env.wait_cache_rev(now).await;
     (now, compacted)
 }
@@ -483,6 +552,7 @@ async fn random_watches_match_etcd() {
     let mut cached = env.cached().await;
     let ks = keys();
     let mut violations = Vec::new();
+    let mut etcd_notes = Vec::new();
     let mut watched = 0;
     let mut canceled = 0;
     let mut events = 0;
@@ -592,7 +662,10 @@ async fn random_watches_match_etcd() {
                     cancel(d)
                 ));
             }
-            violations.extend(events_differ(d, w));
+            match (events_differ(d, w), etcd_missed_prev_kv(d, w, &hist)) {
+                (Some(_), Some(notes)) => etcd_notes.extend(notes),
+                (diff, _) => violations.extend(diff),
+            }
             if c.start == 0 && d.created_rev != w.created_rev {
                 violations.push(format!(
                     "{}: created at {}, etcd at {}",
@@ -605,6 +678,9 @@ async fn random_watches_match_etcd() {
                 violations.extend(check(&hist, w));
             }
         }
+    }
+    for n in &etcd_notes {
+        eprintln!("etcd's own answer, not failed on: {n}");
     }
     assert!(violations.is_empty(), "{} violations:\n{}", violations.len(), violations.join("\n"));
     eprintln!("{watched} watches, {canceled} canceled as compacted, {events} events");
