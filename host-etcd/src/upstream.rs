@@ -75,8 +75,6 @@ pub struct Upstream {
     /// Relayed watches.
     relays: Option<Channel>,
     header: Arc<Mutex<PbResponseHeader>>,
-    /// Whether etcd has auth enabled (so cached reads check the client's permissions).
-    pub auth: bool,
     /// etcd's voting members as last read (0: not known yet); see [`Upstream::single_member`].
     voting_members: Arc<AtomicU32>,
     /// The client for the cache's own watches: etcd's require-leader flag set, on a connection
@@ -161,7 +159,7 @@ impl Upstream {
     /// `--auth-token-ttl`, and a restart forgets it, while the cache's upstream watch, created
     /// once, uses it only when it is created again. A no-op without credentials.
     pub(crate) async fn refresh_tokens(&self) {
-        if !self.auth {
+        if !self.has_credentials() {
             return;
         }
         for c in [&self.client, &self.watcher] {
@@ -260,7 +258,6 @@ impl Upstream {
             channel: Some(channel),
             relays: Some(relays),
             header: Arc::new(Mutex::new(header)),
-            auth: cfg.user.is_some(),
             voting_members: Arc::default(),
             watcher,
             no_leader: Arc::new(watch::channel(false).0),
@@ -286,7 +283,6 @@ impl Upstream {
             channel: None,
             relays: None,
             header: Arc::new(Mutex::new(header)),
-            auth: false,
             voting_members: Arc::default(),
             no_leader: Arc::new(watch::channel(false).0),
             credentials: None,

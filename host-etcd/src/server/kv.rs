@@ -98,17 +98,19 @@ async fn answer_or_relay(
     let limit = ctx.etcd_receive_limit();
     let (parts, body) = req.into_parts();
     // A unary request's body is one length-prefixed message (5 bytes before it).
-    let (bytes, body) = match read_up_to(body, limit.saturating_add(5)).await {
-        Ok(Whole(bytes)) => (bytes.clone(), axum::body::Body::from(bytes)),
+    let (decoded, body) = match read_up_to(body, limit.saturating_add(5)).await {
+        Ok(Whole(bytes)) => {
+            let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
+            (decoded, axum::body::Body::from(bytes))
+        }
         // Longer than any message read here: etcd gets what was read and the rest.
         Ok(Partial(head, rest)) => {
             let head = futures::stream::once(std::future::ready(Ok(head)));
-            (Bytes::new(), axum::body::Body::from_stream(head.chain(rest)))
+            (None, axum::body::Body::from_stream(head.chain(rest)))
         }
         // The client's side of the call failed: no one is there to read an answer.
         Err(e) => return Err(Status::cancelled(format!("reading the request: {e}")).into_http()),
     };
-    let decoded = grpc_message(&bytes, limit).and_then(|m| PbRangeRequest::decode(m).ok());
     let req = http::Request::from_parts(parts, body);
     let answer = match decoded {
         Some(r) => {
