@@ -245,26 +245,6 @@ async fn bad_requests_get_etcds_errors_and_nothing_crashes() {
     assert_eq!(text, "ok");
 }
 
-/// A Range with `bytes` of metadata in one header: the answer's number of keys, or the error.
-async fn range_with_metadata(endpoint: &str, bytes: usize, sort: bool) -> Result<usize, String> {
-    let mut g = support::grpc(endpoint).await;
-    // Sorted: passed through to etcd.
-    let sort_order = if sort { 1 } else { 0 };
-    let mut req = tonic::Request::new(PbRangeRequest {
-        key: b"/a/1".to_vec(),
-        sort_order,
-        ..Default::default()
-    });
-    req.metadata_mut().insert("x-large", "v".repeat(bytes).parse().expect("value"));
-    let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
-    let codec =
-        tonic_prost::ProstCodec::<PbRangeRequest, etcd_client::proto::PbRangeResponse>::default();
-    match g.unary(req, path, codec).await {
-        Ok(r) => Ok(r.into_inner().kvs.len()),
-        Err(s) => Err(format!("{:?}", s.code())),
-    }
-}
-
 /// etcd's gRPC server (grpc-go) takes request headers up to 16 MiB: a client with large
 /// metadata (a long JWT, tracing baggage) is served through watchcache too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,8 +254,12 @@ async fn large_request_metadata_is_taken_as_etcd_takes_it() {
     direct.put("/a/1", "x", None).await.expect("put");
     env.wait_cache_rev(env.etcd_rev().await).await;
     for (kib, sort) in [(8, false), (64, false), (1024, false), (1024, true)] {
-        let d = range_with_metadata(&env.etcd.endpoint(), kib << 10, sort).await;
-        let w = range_with_metadata(&env.grpc(), kib << 10, sort).await;
+        // Sorted: passed through to etcd.
+        let sort_order = if sort { 1 } else { 0 };
+        let range = || PbRangeRequest { key: b"/a/1".to_vec(), sort_order, ..Default::default() };
+        let large = || Some(("x-large", "v".repeat(kib << 10)));
+        let d = support::range_with_metadata(&env.etcd.endpoint(), range(), large()).await;
+        let w = support::range_with_metadata(&env.grpc(), range(), large()).await;
         assert_eq!(d, Ok(1), "{kib} KiB of metadata to etcd");
         assert_eq!(w, d, "{kib} KiB of metadata (sorted: {sort}): watchcache against etcd");
     }

@@ -11,14 +11,9 @@ use std::time::Duration;
 use etcd_client::WatchOptions;
 use host_etcd::{EtcdOptions, Server};
 use support::conformance::{check, collect, history, Recorded};
-use support::Env;
+use support::{put, Env};
 
 const WATCHERS: usize = 40;
-
-/// A put straight to etcd; its revision.
-async fn put(direct: &mut etcd_client::Client, key: String, value: String) -> i64 {
-    direct.put(key, value, None).await.expect("put").header().expect("h").revision()
-}
 
 async fn restart_with(backfill: u64) -> (usize, f64) {
     let mut env = Env::start_with(EtcdOptions::default(), |cfg| {
@@ -39,7 +34,7 @@ async fn restart_with(backfill: u64) -> (usize, f64) {
     let resume_from: Vec<i64> = (0..WATCHERS).map(|i| last - 200 + (i as i64 * 5) + 1).collect();
     env.stop_server().await;
     for i in 0..20 {
-        last = put(&mut direct, format!("/r/k{i}"), "after".into()).await;
+        last = put(&mut direct, format!("/r/k{i}"), "after").await;
     }
     let before = env.etcd_metric("etcd_debugging_mvcc_watch_stream_total", "").await;
     let server = Server::start(env.cfg.clone()).await.expect("restart");
@@ -118,7 +113,7 @@ async fn a_restart_after_a_compaction_starts_the_window_at_it() {
         .await
         .expect("compact");
     for i in 0..10 {
-        last = put(&mut direct, format!("/c/k{i}"), "after".into()).await;
+        last = put(&mut direct, format!("/c/k{i}"), "after").await;
     }
     let server = Server::start(env.cfg.clone()).await.expect("restart");
     assert!(server.wait_ready(Duration::from_secs(20)).await);

@@ -6,6 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
+use etcd_client::proto::PbRangeRequest;
 use etcd_client::{
     Certificate, ConnectOptions, GetOptions, Identity, Permission, TlsOptions, WatchOptions,
 };
@@ -148,32 +149,6 @@ async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
     server.shutdown().await;
 }
 
-/// A Range over raw gRPC with one metadata entry (etcd-client sets only `token`): the number
-/// of keys, or the refusal.
-async fn range_with_header(
-    endpoint: &str,
-    header: Option<(&'static str, String)>,
-    key: &str,
-) -> Result<usize, (tonic::Code, String)> {
-    let mut g = support::grpc(endpoint).await;
-    let mut req = tonic::Request::new(etcd_client::proto::PbRangeRequest {
-        key: key.as_bytes().to_vec(),
-        ..Default::default()
-    });
-    if let Some((name, value)) = header {
-        req.metadata_mut().insert(name, value.parse().expect("header value"));
-    }
-    let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
-    let codec = tonic_prost::ProstCodec::<
-        etcd_client::proto::PbRangeRequest,
-        etcd_client::proto::PbRangeResponse,
-    >::default();
-    match g.unary(req, path, codec).await {
-        Ok(r) => Ok(r.into_inner().kvs.len()),
-        Err(s) => Err((s.code(), s.message().to_owned())),
-    }
-}
-
 /// etcd takes a client's token from the `token` metadata or, without it, from
 /// `authorization` (`Bearer ` optional; `auth/store.go` `AuthInfoFromCtx`): a decision the
 /// cache reuses is the one for that token, whichever header carried it.
@@ -205,8 +180,9 @@ async fn a_token_in_the_authorization_header_is_that_clients_alone() {
         ("alice, token", Some(("token", token.clone())), "/a/2"),
     ];
     for (who, header, key) in steps {
-        let d = range_with_header(&direct, header.clone(), key).await;
-        let w = range_with_header(&cached, header, key).await;
+        let range = || PbRangeRequest { key: key.into(), ..Default::default() };
+        let d = support::range_with_metadata(&direct, range(), header.clone()).await;
+        let w = support::range_with_metadata(&cached, range(), header).await;
         assert_eq!(d, w, "{who} reading {key}");
     }
     server.shutdown().await;
@@ -275,20 +251,8 @@ async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_re
             support::connect(&etcd.endpoint(), if auth_on { root() } else { None }).await;
         let value = format!("after restart {round}");
         let (ra, rb) = (
-            admin
-                .put("/a/2", value.clone(), None)
-                .await
-                .expect("put")
-                .header()
-                .expect("h")
-                .revision(),
-            admin
-                .put("/b/2", value.clone(), None)
-                .await
-                .expect("put")
-                .header()
-                .expect("h")
-                .revision(),
+            support::put(&mut admin, "/a/2", value.clone()).await,
+            support::put(&mut admin, "/b/2", value.clone()).await,
         );
         for (name, s, rev) in [("cached", &mut cached, ra), ("relayed", &mut relayed, rb)] {
             let got = tokio::time::timeout(Duration::from_secs(15), async {

@@ -162,6 +162,33 @@ pub async fn grpc(endpoint: &str) -> tonic::client::Grpc<tonic::transport::Chann
     g
 }
 
+/// A put; its revision.
+pub async fn put(client: &mut Client, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> i64 {
+    client.put(key, value, None).await.expect("put").header().expect("h").revision()
+}
+
+/// A Range over raw gRPC with metadata of the caller's choice (etcd-client sets only `token`):
+/// the number of keys, or the refusal's code and message.
+pub async fn range_with_metadata(
+    endpoint: &str,
+    range: etcd_client::proto::PbRangeRequest,
+    metadata: Option<(&'static str, String)>,
+) -> Result<usize, (tonic::Code, String)> {
+    let mut req = tonic::Request::new(range);
+    if let Some((name, value)) = metadata {
+        req.metadata_mut().insert(name, value.parse().expect("metadata value"));
+    }
+    let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
+    let codec = tonic_prost::ProstCodec::<
+        etcd_client::proto::PbRangeRequest,
+        etcd_client::proto::PbRangeResponse,
+    >::default();
+    match grpc(endpoint).await.unary(req, path, codec).await {
+        Ok(r) => Ok(r.into_inner().kvs.len()),
+        Err(s) => Err((s.code(), s.message().to_owned())),
+    }
+}
+
 /// Runs etcdctl with the given endpoint and arguments; returns stdout (panics on failure).
 pub fn etcdctl(endpoint: &str, args: &[&str]) -> String {
     let bin = host_etcd::etcd_launcher::find_binary("etcdctl")
