@@ -102,6 +102,39 @@ async fn with_auth_on_the_cache_refuses_what_etcd_refuses() {
     }
     assert_eq!(ids[0], (-1, true, 0, false), "etcd");
     assert_eq!(ids[1], ids[0], "watchcache against etcd");
+    // etcd asks the permission before it looks at the range or the id: a malformed create on
+    // a range the client may not read is refused for permission, one it may read for itself.
+    let mut answers = Vec::new();
+    for c in [&mut direct, &mut cached] {
+        let five = || WatchOptions::new().with_watch_id(5);
+        let mut s = c.watch("/a/", Some(five().with_prefix())).await.expect("stream");
+        let m = s.message().await.expect("ok").expect("msg");
+        let mut got = vec![(m.watch_id(), m.canceled(), m.cancel_reason().to_owned())];
+        for (key, opts) in [
+            ("/b/2", WatchOptions::new().with_range("/b/1")),
+            ("/a/2", WatchOptions::new().with_range("/a/1")),
+            ("/b/", five().with_prefix()),
+            ("/a/x", five()),
+        ] {
+            s.watch(key, Some(opts)).await.expect("create");
+            let m = s.message().await.expect("ok").expect("msg");
+            got.push((m.watch_id(), m.canceled(), m.cancel_reason().to_owned()));
+        }
+        answers.push(got);
+    }
+    let reasons: Vec<&str> = answers[0].iter().map(|a| a.2.as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "",
+            "rpc error: code = PermissionDenied desc = etcdserver: permission denied",
+            "mvcc: watcher range is empty",
+            "rpc error: code = PermissionDenied desc = etcdserver: permission denied",
+            "mvcc: duplicate watch ID provided on the WatchStream"
+        ],
+        "etcd"
+    );
+    assert_eq!(answers[1], answers[0], "watchcache against etcd");
     // No credentials at all: refused as etcd refuses.
     let mut anon_direct = support::connect(&etcd.endpoint(), None).await;
     let mut anon_cached = support::connect(&grpc, None).await;

@@ -456,6 +456,9 @@ pub struct WatchSession {
     /// The last create whose outcome (an id, or a refusal that takes none) was not yet known
     /// when it was taken.
     undecided: Option<i64>,
+    /// A create refused for its range or id, waiting for its permission check (the token and
+    /// the refusal it gets if the client may read the range).
+    rejecting: Option<(u64, &'static str)>,
     next_tag: u64,
     next_relay: u64,
     next_token: u64,
@@ -501,6 +504,7 @@ impl WatchSession {
             ended: BTreeSet::new(),
             requests: VecDeque::new(),
             undecided: None,
+            rejecting: None,
             next_tag: 1,
             next_relay: 1,
             next_token: 1,
@@ -552,6 +556,9 @@ impl WatchSession {
     /// Whether the last create taken may still be refused (its permission check is out, or
     /// etcd has not answered its relay while permissions are checked).
     fn deciding(&self) -> bool {
+        if self.rejecting.is_some() {
+            return true;
+        }
         let Some(id) = self.undecided else { return false };
         self.watches.get(&id).is_some_and(|w| {
             !w.announced
@@ -568,7 +575,7 @@ impl WatchSession {
         match req.request_union {
             Some(PbWatchRequestUnion::CreateRequest(c)) => {
                 // etcd's order of checks (`v3rpc/watch.go`, then `watchStream.Watch`): a
-                // negative start, the range, then the id.
+                // negative start, the permission, the range, then the id.
                 if c.start_revision < 0 {
                     self.reject_create(-1, ERR_COMPACTED);
                 } else if let Ok(range) = watch_key_range(&c.key, &c.range_end) {
@@ -583,7 +590,9 @@ impl WatchSession {
                     };
                     self.create(spec, c.watch_id);
                 } else {
-                    self.reject_create(-1, ERR_EMPTY_RANGE);
+                    // etcd reads an empty key as "\0" before it checks the permission.
+                    let key = if c.key.is_empty() { vec![0] } else { c.key };
+                    self.reject_create_checked(key, c.range_end, ERR_EMPTY_RANGE);
                 }
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => self.client_cancel(c.watch_id),
@@ -656,6 +665,14 @@ impl WatchSession {
     /// The answer to [`SessionOutput::CheckPermission`].
     pub fn handle_permission(&mut self, now: Timestamp, token: u64, decision: Permission) {
         self.advance(now);
+        if let Some((_, reason)) = self.rejecting.filter(|(t, _)| *t == token) {
+            self.rejecting = None;
+            match decision {
+                Permission::Denied(denied) => self.reject_create(-1, &denied),
+                Permission::Allowed | Permission::Unknown => self.reject_create(-1, reason),
+            }
+            return self.take_requests();
+        }
         let Some(id) = self.by_permission.remove(&token) else { return };
         let Some(w) = self.watches.get(&id) else { return };
         if w.source != (Source::Authorizing { token }) {
@@ -825,7 +842,8 @@ impl WatchSession {
         let in_use = |s: &Self, id: i64| s.watches.contains_key(&id) || s.ended.contains(&id);
         let id = if requested_id != 0 {
             if in_use(self, requested_id) {
-                return self.reject_create(-1, ERR_DUPLICATE_ID);
+                let (key, range_end) = etcd_range(&spec.range);
+                return self.reject_create_checked(key, range_end, ERR_DUPLICATE_ID);
             }
             requested_id
         } else {
@@ -877,6 +895,18 @@ impl WatchSession {
             None => self.open_relay(id),
         }
         self.flush_announcements();
+    }
+
+    /// A create etcd's watch store refuses (an empty range, a duplicate id). With permissions
+    /// checked, etcd asks the permission first (`isWatchPermitted` before `watchStream.Watch`):
+    /// a client that may not read the range hears that refusal instead. Requests wait for it.
+    fn reject_create_checked(&mut self, key: Vec<u8>, range_end: Vec<u8>, reason: &'static str) {
+        if !self.cfg.check_permissions {
+            return self.reject_create(-1, reason);
+        }
+        let token = self.next_token();
+        self.rejecting = Some((token, reason));
+        self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
     }
 
     fn reject_create(&mut self, watch_id: i64, reason: &str) {

@@ -297,6 +297,8 @@ struct World {
     held_checks: Option<Vec<u64>>,
     /// Every response as it went out, with its fragment flag.
     wire: Vec<Wire>,
+    /// The cancel reason of every canceled response, in order.
+    reasons: Vec<String>,
 }
 
 const PREFIX: &str = "/registry/";
@@ -321,6 +323,7 @@ impl World {
             deny: None,
             held_checks: None,
             wire: Vec::new(),
+            reasons: Vec::new(),
         }
     }
 
@@ -334,6 +337,11 @@ impl World {
             match o {
                 SessionOutput::Respond(r) => {
                     self.wire.push(wire_of(&r));
+                    if let Response::Message(m) = &r {
+                        if m.canceled {
+                            self.reasons.push(m.cancel_reason.clone());
+                        }
+                    }
                     self.seen.push(seen(r))
                 }
                 SessionOutput::Cache { cmd, .. } => self.cache.command(cmd, &self.h),
@@ -673,6 +681,42 @@ fn a_refused_create_takes_no_id_and_the_next_requests_wait_for_its_outcome() {
         "the refused create took no id"
     );
     assert!(w.s.takes_requests());
+}
+
+/// etcd checks a create's permission before its range and its id (`isWatchPermitted` comes
+/// before `watchStream.Watch` in `recvLoop`): a client that may not read gets the permission
+/// refusal for an empty range or a duplicate id too, and one that may gets etcd's own words.
+#[test]
+fn with_permissions_checked_a_malformed_create_is_refused_for_permission_first() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.create(PREFIX, "/registry0", 0, 7);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 7, canceled: false }]);
+    w.deny = Some("etcdserver: permission denied".into());
+    w.create("/registry/b", "/registry/a", 0, 0);
+    w.create(PREFIX, "/registry0", 0, 7);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: -1, canceled: true }, Seen::Created { id: -1, canceled: true }]
+    );
+    assert_eq!(w.reasons, vec!["etcdserver: permission denied"; 2]);
+    w.reasons.clear();
+    w.deny = None;
+    w.held_checks = Some(Vec::new());
+    w.create("/registry/b", "/registry/a", 0, 0);
+    w.create(PREFIX, "/registry0", 0, 7);
+    w.pump();
+    assert!(w.take().is_empty(), "the refusal waits for the permission");
+    let held = w.held_checks.take().expect("held");
+    assert_eq!(held.len(), 1, "the next create waits behind the undecided one");
+    w.s.handle_permission(w.now, held[0], Permission::Allowed);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: -1, canceled: true }, Seen::Created { id: -1, canceled: true }]
+    );
+    assert_eq!(w.reasons, vec![ERR_EMPTY_RANGE, ERR_DUPLICATE_ID]);
 }
 
 /// etcd answers a client's cancel on the same control channel as its `created` responses, in
