@@ -188,6 +188,7 @@ where
             watch_gauge: 0,
             owed: HashMap::default(),
             delivered: 0,
+            end: None,
         };
         env.metrics.grpc_stream(1);
         let shutdown = WatchStream::from_changes(env.shutdown.clone());
@@ -401,6 +402,10 @@ where
     /// Carries out the session's outputs and adopts the channels made meanwhile.
     fn carry_out(&mut self) {
         self.d.carry_out(&mut self.session);
+        if let Some(status) = self.d.end.take() {
+            debug!(%status, "the session ended the watch stream");
+            self.finish(status);
+        }
         if let Some(rx) = self.d.new_relay_rx.take() {
             self.relay_rx = Some(rx);
         }
@@ -454,6 +459,8 @@ struct Driver {
     owed: HashMap<(usize, cacher_core::RequestId), u64>,
     /// Events handed to the transport since the shared counter was last added to.
     delivered: u64,
+    /// The session ended the stream with this status.
+    end: Option<Status>,
 }
 
 impl Driver {
@@ -605,6 +612,9 @@ impl Driver {
                     }
                     (None, None) => feedback.push(Feedback::Permission(token, Permission::Allowed)),
                 }
+            }
+            SessionOutput::End(reason) => {
+                self.end.get_or_insert_with(|| Status::unavailable(reason));
             }
             SessionOutput::Note(n) => match n {
                 Note::ServedFromCache => env.metrics.count_watch(true),

@@ -54,6 +54,11 @@ pub const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the Wat
 /// `mvcc.ErrEmptyWatcherRange`.
 pub const ERR_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
 /// `mvcc.ErrCompacted`, as the watch server words it.
+/// etcd's refusal of a token it does not know (`auth.ErrInvalidAuthToken`).
+pub const ERR_INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+/// Why the session ends a stream whose token etcd forgot.
+pub const END_FORGOTTEN_TOKEN: &str = "watchcache: etcd no longer knows this stream's auth \
+    token (etcd restarted, or the token expired): connect again to authenticate";
 pub const ERR_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 
 /// A session's settings.
@@ -296,6 +301,9 @@ pub enum SessionOutput {
     },
     /// For the metrics.
     Note(Note),
+    /// End the stream as a broken one (gRPC `Unavailable`, with this message), after every
+    /// response already handed out.
+    End(String),
 }
 
 /// Why the next timeout is due.
@@ -459,6 +467,10 @@ pub struct WatchSession {
     /// A create refused for its range or id, waiting for its permission check (the token and
     /// the refusal it gets if the client may read the range).
     rejecting: Option<(u64, &'static str)>,
+    /// etcd took the client's token on this stream (a permission allowed, a relay created).
+    token_taken: bool,
+    /// The session asked for the stream to end.
+    ending: bool,
     next_tag: u64,
     next_relay: u64,
     next_token: u64,
@@ -505,6 +517,8 @@ impl WatchSession {
             requests: VecDeque::new(),
             undecided: None,
             rejecting: None,
+            token_taken: false,
+            ending: false,
             next_tag: 1,
             next_relay: 1,
             next_token: 1,
@@ -665,6 +679,11 @@ impl WatchSession {
     /// The answer to [`SessionOutput::CheckPermission`].
     pub fn handle_permission(&mut self, now: Timestamp, token: u64, decision: Permission) {
         self.advance(now);
+        match &decision {
+            Permission::Allowed => self.token_taken = true,
+            Permission::Denied(reason) if self.token_forgotten(reason) => return,
+            _ => {}
+        }
         if let Some((_, reason)) = self.rejecting.filter(|(t, _)| *t == token) {
             self.rejecting = None;
             match decision {
@@ -907,6 +926,23 @@ impl WatchSession {
         let token = self.next_token();
         self.rejecting = Some((token, reason));
         self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
+    }
+
+    /// etcd refused, as unknown, a token it had taken on this stream: it forgot it (a restart
+    /// forgets simple tokens; an unused one expires, and a client whose reads the cache
+    /// answers does not use it). etcd's own clients never meet this on an open stream: the
+    /// restart breaks it, and clientv3 authenticates for every new stream. So the stream ends
+    /// as a broken one does (true), and the client comes back with a fresh token and resumes
+    /// its watches. A token never taken gets etcd's refusal (false).
+    fn token_forgotten(&mut self, reason: &str) -> bool {
+        if !self.token_taken || !reason.contains(ERR_INVALID_AUTH_TOKEN) {
+            return false;
+        }
+        if !self.ending {
+            self.ending = true;
+            self.outputs.push_back(SessionOutput::End(END_FORGOTTEN_TOKEN.to_owned()));
+        }
+        true
     }
 
     fn reject_create(&mut self, watch_id: i64, reason: &str) {
@@ -1336,6 +1372,10 @@ impl WatchSession {
         let Some(w) = self.watches.get_mut(&id) else { return };
         let opening = matches!(w.source, Source::RelayOpening { .. });
         if opening {
+            if r.canceled && r.compact_revision == 0 && self.token_forgotten(&r.cancel_reason) {
+                return;
+            }
+            let Some(w) = self.watches.get_mut(&id) else { return };
             if r.canceled {
                 if r.compact_revision > 0 {
                     self.outputs
@@ -1352,6 +1392,7 @@ impl WatchSession {
             w.source = Source::Relay { relay };
             w.failures = 0;
             w.permitted = true;
+            self.token_taken = true;
             if w.from_now {
                 let rev = r.header.as_ref().map_or(0, |h| h.revision.max(0) as u64);
                 w.from_now = false;

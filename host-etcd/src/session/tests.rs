@@ -162,6 +162,8 @@ struct FakeEtcd {
     /// request now asked, still on its way).
     stale_progress: Option<u64>,
     compacted: u64,
+    /// Creates are refused with this reason (etcd's permission check).
+    refuse: Option<String>,
     relays: BTreeMap<RelayId, (KeyRange, u64)>,
     inbox: VecDeque<(RelayId, RelayEvent)>,
     opened: usize,
@@ -174,6 +176,7 @@ impl FakeEtcd {
             answers_progress: true,
             stale_progress: None,
             compacted: 0,
+            refuse: None,
             relays: BTreeMap::new(),
             inbox: VecDeque::new(),
             opened: 0,
@@ -197,6 +200,13 @@ impl FakeEtcd {
                 let Some(PbWatchRequestUnion::CreateRequest(c)) = request.request_union else {
                     return;
                 };
+                if let Some(reason) = &self.refuse {
+                    let mut r = resp(-1, h.rev, true);
+                    r.canceled = true;
+                    r.cancel_reason = reason.clone();
+                    self.inbox.push_back((relay, RelayEvent::Response(Box::new(r))));
+                    return;
+                }
                 let range = crate::keys::watch_key_range(&c.key, &c.range_end).expect("range");
                 let start = if c.start_revision == 0 { h.rev + 1 } else { c.start_revision as u64 };
                 self.inbox.push_back((relay, RelayEvent::Response(Box::new(resp(0, h.rev, true)))));
@@ -299,6 +309,8 @@ struct World {
     wire: Vec<Wire>,
     /// The cancel reason of every canceled response, in order.
     reasons: Vec<String>,
+    /// The session ended the stream, with this reason.
+    ended: Option<String>,
 }
 
 const PREFIX: &str = "/registry/";
@@ -324,6 +336,7 @@ impl World {
             held_checks: None,
             wire: Vec::new(),
             reasons: Vec::new(),
+            ended: None,
         }
     }
 
@@ -357,6 +370,10 @@ impl World {
                     }
                 },
                 SessionOutput::Note(n) => self.notes.push(n),
+                SessionOutput::End(reason) => {
+                    assert!(self.ended.is_none(), "the stream ends once");
+                    self.ended = Some(reason);
+                }
             }
         }
         self.s.handle_cache_status(0, self.cache.status());
@@ -717,6 +734,49 @@ fn with_permissions_checked_a_malformed_create_is_refused_for_permission_first()
         vec![Seen::Created { id: -1, canceled: true }, Seen::Created { id: -1, canceled: true }]
     );
     assert_eq!(w.reasons, vec![ERR_EMPTY_RANGE, ERR_DUPLICATE_ID]);
+}
+
+const INVALID_TOKEN: &str =
+    "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token";
+
+/// etcd forgets simple tokens when it restarts (and expires unused ones), and breaks every
+/// stream when it restarts, so its clients authenticate again. A client's stream to the cache
+/// outlives the restart: once etcd refuses as unknown a token it took on this stream, the
+/// stream ends as a broken one does, and the client comes back with a fresh token.
+#[test]
+fn a_token_etcd_forgot_after_taking_it_ends_the_stream() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    w.deny = Some(INVALID_TOKEN.into());
+    w.watch_prefix(0);
+    w.pump();
+    assert!(w.take().is_empty(), "no refusal: the stream ends");
+    assert!(w.ended.is_some(), "the stream ends");
+    // A relayed create refused by etcd for the same reason ends the stream too.
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.watch_prefix(0);
+    w.pump();
+    w.take();
+    w.etcd.refuse = Some(INVALID_TOKEN.into());
+    w.create("/other", "", 0, 0);
+    w.pump();
+    assert!(w.take().is_empty(), "no refusal: the stream ends");
+    assert!(w.ended.is_some());
+}
+
+/// A token etcd never took on this stream is refused as etcd refuses it: the create is
+/// canceled and the stream goes on.
+#[test]
+fn a_token_never_taken_is_refused_as_etcd_refuses_it() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.deny = Some(INVALID_TOKEN.into());
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: -1, canceled: true }]);
+    assert_eq!(w.reasons, vec![INVALID_TOKEN]);
+    assert!(w.ended.is_none());
 }
 
 /// etcd answers a client's cancel on the same control channel as its `created` responses, in
