@@ -108,6 +108,9 @@ func oneRun(cfg harness.Config, details int) (*checker.Report, *record.Run, erro
 	if cfg.Target == "etcd" {
 		title = fmt.Sprintf("seed %d · baseline: target etcd · %s", cfg.Seed, cfg.Duration)
 	}
+	if cfg.Auth {
+		title += " · etcd auth on"
+	}
 	rep.PrintTable(os.Stdout, title)
 	for _, n := range run.Notes {
 		fmt.Printf("   note: %s\n", n)
@@ -138,8 +141,9 @@ func cmdRun(args []string) int {
 	save := fs.Bool("save", false, "save the recording (run.gob.gz) in --out")
 	details := fs.Int("details", 5, "violations printed in full per property (0: all)")
 	quiet := fs.Bool("quiet", false, "no progress log on stderr")
+	auth := fs.Bool("auth", false, "etcd with auth on: root on etcd directly, a user with readwrite on every key through the target")
 	_ = fs.Parse(args)
-	cfg := harness.Config{Seed: *seed, Duration: *dur, FlagSet: *flagset, Target: *target, EtcdBin: c.etcdBin, WatchcacheBin: c.wcBin, Out: *out, Save: *save}
+	cfg := harness.Config{Seed: *seed, Duration: *dur, FlagSet: *flagset, Target: *target, EtcdBin: c.etcdBin, WatchcacheBin: c.wcBin, Out: *out, Save: *save, Auth: *auth}
 	if !*quiet {
 		cfg.Log = logf
 	}
@@ -167,6 +171,7 @@ func cmdSuite(args []string) int {
 	selftestToo := fs.Bool("selftest", false, "then plant corruptions in the first baseline's recording (and a synthetic one); a miss fails the suite")
 	save := fs.Bool("save", false, "save every recording")
 	details := fs.Int("details", 3, "violations printed in full per property and run")
+	auth := fs.Bool("auth", false, "every run with etcd's auth on (see run -h)")
 	_ = fs.Parse(args)
 	if *out == "" {
 		d, err := os.MkdirTemp("", "robustness-suite-")
@@ -195,7 +200,7 @@ func cmdSuite(args []string) int {
 			}
 			dir := filepath.Join(*out, fmt.Sprintf("seed%d-%s", s, t))
 			keep := *save || (*selftestToo && t == "etcd" && s == *first)
-			cfg := harness.Config{Seed: s, Duration: *dur, FlagSet: fsn, Target: t, EtcdBin: c.etcdBin, WatchcacheBin: c.wcBin, Out: dir, Save: keep, Log: logf}
+			cfg := harness.Config{Seed: s, Duration: *dur, FlagSet: fsn, Target: t, EtcdBin: c.etcdBin, WatchcacheBin: c.wcBin, Out: dir, Save: keep, Log: logf, Auth: *auth}
 			rep, _, err := oneRun(cfg, *details)
 			if err != nil {
 				fmt.Printf("── %s: HARNESS ERROR: %v\n", name, err)

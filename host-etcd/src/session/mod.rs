@@ -53,12 +53,12 @@ const STALE_REASKS: u32 = 3;
 pub const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 /// `mvcc.ErrEmptyWatcherRange`.
 pub const ERR_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
-/// `mvcc.ErrCompacted`, as the watch server words it.
 /// etcd's refusal of a token it does not know (`auth.ErrInvalidAuthToken`).
 pub const ERR_INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
 /// Why the session ends a stream whose token etcd forgot.
 pub const END_FORGOTTEN_TOKEN: &str = "watchcache: etcd no longer knows this stream's auth \
     token (etcd restarted, or the token expired): connect again to authenticate";
+/// `mvcc.ErrCompacted`, as the watch server words it.
 pub const ERR_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 
 /// A session's settings.

@@ -32,6 +32,7 @@ func dial(endpoint string, slow bool) (*grpc.ClientConn, error) {
 // resumed from the last revision + 1 whenever its stream breaks (etcd restarts): etcd's history.
 type groundTruth struct {
 	endpoints []string
+	creds     *Creds // nil: etcd's auth is off
 	in        *interner
 	mu        sync.RWMutex
 	events    []record.Event
@@ -118,6 +119,10 @@ func (g *groundTruth) once(ctx context.Context, ep string) error {
 	defer conn.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	sctx, err = withToken(sctx, conn, g.creds)
+	if err != nil {
+		return err
+	}
 	stream, err := pb.NewWatchClient(conn).Watch(sctx)
 	if err != nil {
 		return err

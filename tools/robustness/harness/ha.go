@@ -137,12 +137,12 @@ func RunHA(cfg HAConfig) (*HAResult, error) {
 	gtCtx, gtStop := context.WithCancel(context.Background())
 	defer gtStop()
 	go gt.run(gtCtx)
-	etcdCli, err := newClient(eps, false)
+	etcdCli, err := newClient(eps, false, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer etcdCli.Close()
-	client, err := newClient([]string{tgts[0].Endpoint(), tgts[1].Endpoint()}, false)
+	client, err := newClient([]string{tgts[0].Endpoint(), tgts[1].Endpoint()}, false, nil)
 	if err != nil {
 		return nil, err
 	}

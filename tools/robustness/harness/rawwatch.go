@@ -142,6 +142,12 @@ func (s *rawSlot) open(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(context.Background())
+	sctx, err = withToken(sctx, conn, s.l.tgtCreds)
+	if err != nil {
+		cancel()
+		conn.Close()
+		return nil, err
+	}
 	stream, err := pb.NewWatchClient(conn).Watch(sctx)
 	if err != nil {
 		cancel()

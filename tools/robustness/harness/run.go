@@ -28,6 +28,7 @@ type Config struct {
 	Out           string // directory for logs and the recording ("" = a temporary one, removed)
 	Save          bool   // write run.gob.gz into Out
 	Log           func(format string, args ...any)
+	Auth          bool // etcd with auth on (auth.go)
 
 	// Load shape (defaults: issue 10's).
 	WriteRate  float64
@@ -66,6 +67,8 @@ type load struct {
 	targetEndpoint string
 	targetName     string
 	etcdEndpoint   string
+	etcdCreds      *Creds // root on etcd directly, load through the target (nil: auth off)
+	tgtCreds       *Creds
 	gt             *groundTruth
 	draining       atomic.Bool
 	stopping       atomic.Bool
@@ -107,10 +110,21 @@ func Run(cfg Config) (*record.Run, error) {
 		return nil, err
 	}
 	l.etcdEndpoint = members[0].Endpoint()
+	var wcExtra []string
+	if cfg.Auth {
+		if err := enableAuth(l.etcdEndpoint); err != nil {
+			return nil, err
+		}
+		l.etcdCreds, l.tgtCreds = rootCreds, loadCreds
+		wcExtra = []string{"--etcd-user", rootCreds.User, "--etcd-password", rootCreds.Password}
+	}
 	var target *Proc
 	run := &record.Run{Seed: cfg.Seed, FlagSet: cfg.FlagSet, Target: cfg.Target, Duration: cfg.Duration}
+	if cfg.Auth {
+		l.rec.note("etcd auth on: root on etcd directly, the user load through the target")
+	}
 	if cfg.Target == "watchcache" {
-		p, t, err := NewWatchcache(cfg.WatchcacheBin, dir, "watchcache", []string{l.etcdEndpoint}, FlagSet(cfg.FlagSet))
+		p, t, err := NewWatchcache(cfg.WatchcacheBin, dir, "watchcache", []string{l.etcdEndpoint}, append(FlagSet(cfg.FlagSet), wcExtra...))
 		if err != nil {
 			return nil, err
 		}
@@ -128,14 +142,15 @@ func Run(cfg Config) (*record.Run, error) {
 	gtCtx, gtStop := context.WithCancel(context.Background())
 	defer gtStop()
 	l.gt = newGroundTruth([]string{l.etcdEndpoint}, &l.rec.in)
+	l.gt.creds = l.etcdCreds
 	go l.gt.run(gtCtx)
 
-	etcdCli, err := newClient([]string{l.etcdEndpoint}, false)
+	etcdCli, err := newClient([]string{l.etcdEndpoint}, false, l.etcdCreds)
 	if err != nil {
 		return nil, err
 	}
 	defer etcdCli.Close()
-	tgtCli, err := newClient([]string{l.targetEndpoint}, false)
+	tgtCli, err := newClient([]string{l.targetEndpoint}, false, l.tgtCreds)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +299,7 @@ func (l *load) startWatches(ctx context.Context) error {
 	for i := 0; i < cfg.V3Streams; i++ {
 		id := cfg.RawStreams + i
 		slow := i%slowEvery == 2
-		cli, err := newClient([]string{l.targetEndpoint}, slow)
+		cli, err := newClient([]string{l.targetEndpoint}, slow, l.tgtCreds)
 		if err != nil {
 			return err
 		}

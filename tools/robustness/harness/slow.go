@@ -141,7 +141,7 @@ func RunSlowReaders(cfg SlowConfig) (*SlowResult, error) {
 	gtCtx, gtStop := context.WithCancel(context.Background())
 	defer gtStop()
 	go gt.run(gtCtx)
-	cli, err := newClient([]string{members[0].Endpoint()}, false)
+	cli, err := newClient([]string{members[0].Endpoint()}, false, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -15,12 +15,12 @@ import (
 	"watchcache.local/tools/robustness/record"
 )
 
-func newClient(endpoints []string, slow bool) (*clientv3.Client, error) {
+func newClient(endpoints []string, slow bool, c *Creds) (*clientv3.Client, error) {
 	opts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg))}
 	if slow {
 		opts = append(opts, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	}
-	return clientv3.New(clientv3.Config{
+	cfg := clientv3.Config{
 		Endpoints:            endpoints,
 		DialTimeout:          2 * time.Second,
 		DialKeepAliveTime:    5 * time.Second,
@@ -28,7 +28,11 @@ func newClient(endpoints []string, slow bool) (*clientv3.Client, error) {
 		DialOptions:          opts,
 		Logger:               zap.NewNop(),
 		MaxCallRecvMsgSize:   maxMsg,
-	})
+	}
+	if c != nil {
+		cfg.Username, cfg.Password = c.User, c.Password
+	}
+	return clientv3.New(cfg)
 }
 
 // writer plays the KV load: puts, deletes, multi-key txns with If/Else, ranged deletes and
