@@ -175,7 +175,7 @@ ROBUSTNESS_ARGS = --etcd-bin $(TOOLS)/bin/etcd --watchcache-bin $(ROOT)/target/r
 # Flags for robustness-slow-readers (e.g. --streams 20 --stall 10s for a short run).
 SLOW_READERS_ARGS ?=
 
-.PHONY: robustness robustness-smoke robustness-ha robustness-slow-readers robustness-build
+.PHONY: robustness robustness-auth robustness-smoke robustness-ha robustness-slow-readers robustness-build
 
 robustness-build: setup-rust setup-etcd
 	@test -n "$(GO)" || { echo "Go not found (needed for tools/robustness)" >&2; exit 1; }
@@ -185,9 +185,13 @@ robustness-build: setup-rust setup-etcd
 robustness: robustness-build ## SEEDS (10) runs of DURATION (90s) with faults through watchcache, each with an etcd baseline; a table per seed
 	$(TOOLS)/bin/robustness suite --seeds $(SEEDS) --duration $(DURATION) --out $(ROBUSTNESS_OUT) $(ROBUSTNESS_ARGS)
 
-robustness-smoke: robustness-build ## about 2 minutes: the checker's tests, 2 seeds × 35 s (one baseline), the self-test on the baseline's recording
+robustness-smoke: robustness-build ## about 3 minutes: the checker's tests, 2 seeds × 35 s (one baseline), the self-test on the baseline's recording, one seed with etcd auth on
 	cd tools/robustness && $(GO) test ./...
 	$(TOOLS)/bin/robustness suite --seeds 2 --duration 35s --baseline-seeds 1 --selftest --details 2 --out $(ROBUSTNESS_OUT)/smoke $(ROBUSTNESS_ARGS)
+	$(TOOLS)/bin/robustness suite --auth --seeds 1 --first-seed 3 --duration 35s --baseline=false --details 2 --out $(ROBUSTNESS_OUT)/smoke-auth $(ROBUSTNESS_ARGS)
+
+robustness-auth: robustness-build ## as robustness, with etcd's auth on (root on etcd, a user with readwrite on every key through the target)
+	$(TOOLS)/bin/robustness suite --auth --seeds $(SEEDS) --duration $(DURATION) --out $(ROBUSTNESS_OUT)/auth $(ROBUSTNESS_ARGS)
 
 robustness-ha: robustness-build ## 3 etcd members, 2 watchcache replicas; kill the replica in use, then the etcd leader
 	$(TOOLS)/bin/robustness ha --out $(ROBUSTNESS_OUT)/ha $(ROBUSTNESS_ARGS)
