@@ -154,6 +154,7 @@ pub(crate) async fn run(
                 } else {
                     leader_probe(&upstream, &prefix).await.err().unwrap_or_default()
                 };
+                upstream.note_outage();
                 if is_token_refusal(&e) {
                     upstream.refresh_tokens().await;
                 }
@@ -195,6 +196,7 @@ pub(crate) async fn run(
                     continue 'relist;
                 }
                 WatchEnd::Broken(e) => {
+                    upstream.note_outage();
                     if is_token_refusal(&e) {
                         upstream.refresh_tokens().await;
                     }

@@ -18,7 +18,7 @@
 //! notes that here ([`Upstream::no_leader`]), and the server answers its own clients'
 //! require-leader streams and cached reads as that member would.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,6 +87,9 @@ pub struct Upstream {
     credentials: Option<(String, String)>,
     /// The token relays of watches etcd already permitted are opened with.
     own_token: Arc<tokio::sync::Mutex<Option<String>>>,
+    /// How many times a cache's watch or list on etcd broke (etcd restarted or was out of
+    /// reach); see [`Upstream::outages`].
+    outages: Arc<AtomicU64>,
 }
 
 /// Whether a call carries etcd's require-leader flag (`hasleader: true`, clientv3's
@@ -263,6 +266,7 @@ impl Upstream {
             no_leader: Arc::new(watch::channel(false).0),
             credentials: cfg.user.clone(),
             own_token: Arc::default(),
+            outages: Arc::default(),
         })
     }
 
@@ -287,7 +291,20 @@ impl Upstream {
             no_leader: Arc::new(watch::channel(false).0),
             credentials: None,
             own_token: Arc::default(),
+            outages: Arc::default(),
         })
+    }
+
+    /// A cache's watch or list on etcd broke.
+    pub(crate) fn note_outage(&self) {
+        self.outages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times a cache's watch or list on etcd has broken so far. A client stream
+    /// opened before the count moved would have been broken by etcd itself if etcd restarted
+    /// (the session uses that to read a forgotten token).
+    pub(crate) fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Relaxed)
     }
 
     /// Opens a watch on etcd for `create` (a create request), with the client's metadata when

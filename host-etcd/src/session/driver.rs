@@ -147,6 +147,8 @@ pub struct SessionDriver<S> {
     relay_rx: Option<mpsc::Receiver<(RelayId, RelayEvent)>>,
     perm_rx: Option<mpsc::UnboundedReceiver<(u64, Permission)>>,
     statuses: Vec<watch::Receiver<CacheStatus>>,
+    /// [`Upstream::outages`] when the stream opened, until the count moves (then `None`).
+    outages_at_open: Option<u64>,
     /// The host's shutdown signal, as its changes.
     shutdown: WatchStream<bool>,
     /// For a client that requires a leader (etcd's `hasleader`): whether etcd's member has
@@ -174,6 +176,7 @@ where
             .collect();
         let session = WatchSession::new(env.config.clone(), views, env.clock.now());
         let leader = requires_leader(&md).then(|| WatchStream::new(env.upstream.watch_no_leader()));
+        let outages_at_open = Some(env.upstream.outages());
         let d = Driver {
             env: env.clone(),
             md,
@@ -202,6 +205,7 @@ where
             relay_rx: None,
             perm_rx: None,
             statuses,
+            outages_at_open,
             shutdown,
             leader,
             timer: None,
@@ -345,6 +349,7 @@ where
                         continue;
                     }
                     refresh(&mut self.session, &mut self.statuses);
+                    self.note_outage();
                     self.session.handle_relay(now(), relay, ev);
                     continue;
                 }
@@ -353,6 +358,7 @@ where
                 self.perm_rx.as_mut().map(|rx| rx.poll_recv(cx))
             {
                 refresh(&mut self.session, &mut self.statuses);
+                self.note_outage();
                 self.session.handle_permission(now(), token, decision);
                 continue;
             }
@@ -394,6 +400,17 @@ where
     }
 
     /// The stream ends with `status` once what is pending has gone.
+    /// Tells the session, once, that etcd broke the caches' own streams since this one opened
+    /// (an etcd restart would have broken this one too, over etcd itself).
+    fn note_outage(&mut self) {
+        if let Some(at_open) = self.outages_at_open {
+            if self.env.upstream.outages() > at_open {
+                self.outages_at_open = None;
+                self.session.handle_upstream_outage();
+            }
+        }
+    }
+
     fn finish(&mut self, status: Status) {
         self.ended = true;
         self.end = Some(status);

@@ -469,6 +469,8 @@ pub struct WatchSession {
     rejecting: Option<(u64, &'static str)>,
     /// etcd took the client's token on this stream (a permission allowed, a relay created).
     token_taken: bool,
+    /// etcd broke the caches' own streams since this one opened (`handle_upstream_outage`).
+    outlived_outage: bool,
     /// The session asked for the stream to end.
     ending: bool,
     next_tag: u64,
@@ -518,6 +520,7 @@ impl WatchSession {
             undecided: None,
             rejecting: None,
             token_taken: false,
+            outlived_outage: false,
             ending: false,
             next_tag: 1,
             next_relay: 1,
@@ -674,6 +677,12 @@ impl WatchSession {
             RelayEvent::Paused => self.on_relay_paused(id, relay),
         }
         self.take_requests();
+    }
+
+    /// etcd broke the caches' own watches or lists since this stream opened: if etcd restarted,
+    /// it forgot the tokens it had given, and it would have broken this stream too.
+    pub fn handle_upstream_outage(&mut self) {
+        self.outlived_outage = true;
     }
 
     /// The answer to [`SessionOutput::CheckPermission`].
@@ -928,14 +937,16 @@ impl WatchSession {
         self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
     }
 
-    /// etcd refused, as unknown, a token it had taken on this stream: it forgot it (a restart
-    /// forgets simple tokens; an unused one expires, and a client whose reads the cache
-    /// answers does not use it). etcd's own clients never meet this on an open stream: the
-    /// restart breaks it, and clientv3 authenticates for every new stream. So the stream ends
-    /// as a broken one does (true), and the client comes back with a fresh token and resumes
-    /// its watches. A token never taken gets etcd's refusal (false).
+    /// etcd refused the stream's token as unknown after it took it on this stream, or after
+    /// an outage this stream outlived: etcd forgot it (a restart forgets simple tokens; an
+    /// unused one expires, and a client whose reads the cache answers uses it less). etcd's
+    /// own clients do not meet this on an open stream: the restart breaks it, and clientv3
+    /// authenticates for every new stream. So the stream ends as a broken one does (true), and
+    /// the client comes back with a fresh token and resumes its watches. Otherwise the refusal
+    /// is etcd's own answer (false).
     fn token_forgotten(&mut self, reason: &str) -> bool {
-        if !self.token_taken || !reason.contains(ERR_INVALID_AUTH_TOKEN) {
+        let maybe_known = self.token_taken || self.outlived_outage;
+        if !maybe_known || !reason.contains(ERR_INVALID_AUTH_TOKEN) {
             return false;
         }
         if !self.ending {

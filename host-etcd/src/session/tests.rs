@@ -777,6 +777,14 @@ fn a_token_never_taken_is_refused_as_etcd_refuses_it() {
     assert_eq!(w.take(), vec![Seen::Created { id: -1, canceled: true }]);
     assert_eq!(w.reasons, vec![INVALID_TOKEN]);
     assert!(w.ended.is_none());
+    // After an outage of etcd this stream outlived, the same refusal ends the stream: over
+    // etcd itself, a restart would have broken it (found by the robustness suite: a stream
+    // that had only asked for progress when etcd restarted).
+    w.s.handle_upstream_outage();
+    w.watch_prefix(0);
+    w.pump();
+    assert!(w.take().is_empty(), "no refusal: the stream ends");
+    assert!(w.ended.is_some());
 }
 
 /// etcd answers a client's cancel on the same control channel as its `created` responses, in
