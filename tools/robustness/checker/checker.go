@@ -193,11 +193,12 @@ func (c *checker) figures() {
 
 func (c *checker) add(v Violation) { c.rep.Violations = append(c.rep.Violations, v) }
 
-// compactedBefore is the highest revision compacted by a compaction sent before at.
+// compactedBefore is the highest revision compacted by a compaction sent before at (one that
+// failed without an answer counts: etcd may have applied it).
 func (c *checker) compactedBefore(at time.Duration) int64 {
 	var m int64
 	for _, cp := range c.run.Compactions {
-		if cp.Err == "" && cp.At < at && cp.Revision > m {
+		if cp.MayHaveApplied() && cp.At < at && cp.Revision > m {
 			m = cp.Revision
 		}
 	}
@@ -206,7 +207,7 @@ func (c *checker) compactedBefore(at time.Duration) int64 {
 
 func (c *checker) isCompaction(rev int64, at time.Duration) bool {
 	for _, cp := range c.run.Compactions {
-		if cp.Err == "" && cp.Revision == rev && cp.At < at {
+		if cp.MayHaveApplied() && cp.Revision == rev && cp.At < at {
 			return true
 		}
 	}
@@ -216,8 +217,12 @@ func (c *checker) isCompaction(rev int64, at time.Duration) bool {
 func (c *checker) compactionList(at time.Duration) string {
 	var revs []string
 	for _, cp := range c.run.Compactions {
-		if cp.Err == "" && cp.At < at {
-			revs = append(revs, fmt.Sprint(cp.Revision))
+		if cp.MayHaveApplied() && cp.At < at {
+			r := fmt.Sprint(cp.Revision)
+			if cp.Err != "" {
+				r += " (failed without an answer: " + cp.Err + ")"
+			}
+			revs = append(revs, r)
 		}
 	}
 	if len(revs) == 0 {

@@ -349,6 +349,23 @@ type Compaction struct {
 	Err      string
 }
 
+// MayHaveApplied says whether etcd may have compacted at this revision: it answered OK, or the
+// call failed without an answer (a timeout, a broken connection), and etcd may still have
+// applied it, as it does a request it took before it went quiet. A refusal is an answer:
+// below the compaction or beyond etcd's revision, or auth's.
+func (c Compaction) MayHaveApplied() bool {
+	if c.Err == "" {
+		return true
+	}
+	for _, refusal := range []string{"required revision has been compacted", "required revision is a future revision",
+		"invalid auth token", "permission denied", "user name is empty", "revision of auth store is old"} {
+		if strings.Contains(c.Err, refusal) {
+			return false
+		}
+	}
+	return true
+}
+
 // Fault is one injected failure.
 type Fault struct {
 	Kind  string // "etcd-kill", "target-kill", "etcd-stop"
