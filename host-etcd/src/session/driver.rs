@@ -399,7 +399,6 @@ where
         }
     }
 
-    /// The stream ends with `status` once what is pending has gone.
     /// Tells the session, once, that etcd broke the caches' own streams since this one opened
     /// (an etcd restart would have broken this one too, over etcd itself).
     fn note_outage(&mut self) {
@@ -411,6 +410,7 @@ where
         }
     }
 
+    /// The stream ends with `status` once what is pending has gone.
     fn finish(&mut self, status: Status) {
         self.ended = true;
         self.end = Some(status);

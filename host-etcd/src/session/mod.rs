@@ -4,9 +4,11 @@
 //!
 //! Like the core (and quinn-proto, str0m), [`WatchSession`] does no I/O and reads no clock:
 //! - **inputs** `handle_*`: a client request, a cache's message, a relay's response or end, a
-//!   permission decision, a cache's status, and [`WatchSession::handle_timeout`];
+//!   permission decision, a cache's status, an outage of etcd seen by the caches, and
+//!   [`WatchSession::handle_timeout`];
 //! - **outputs** [`WatchSession::poll_output`], drained after every input: responses for the
-//!   client, commands for the caches, relays to open, ask or close, permission checks;
+//!   client, commands for the caches, relays to open, ask or close, permission checks, and the
+//!   stream's end (when etcd forgot the client's token, as a restart would have ended it);
 //! - [`WatchSession::poll_timeout`] says when to call `handle_timeout` and why.
 //!
 //! `driver.rs` runs it on tokio; `tests.rs` runs it with a fake cache and a fake etcd.
@@ -23,7 +25,8 @@
 //! (etcd's `watchStream.nextID` only goes up), a refused create takes none (`-1`), and a watch
 //! etcd ended (compacted) keeps its id until the client cancels it (etcd's `watchStream` holds
 //! it until then: a create with that id is a duplicate, the cancel is answered); events of a
-//! watch only after its `created`.
+//! watch only after its `created`; with auth on, a create's permission checked before its
+//! range and its id.
 //!
 //! etcd counterparts: `server/etcdserver/api/v3rpc/watch.go` (`serverWatchStream`: recvLoop,
 //! sendLoop, ids, created/canceled, progress), `server/storage/mvcc/watcher.go` (ids),
