@@ -33,6 +33,40 @@ let server;
 let browser;
 let base;
 
+/**
+ * Runs `fn` with `make test`'s background build of the Kubernetes oracles stopped (the
+ * Makefile's oracle-build-start: a session of its own whose leader's pid is in
+ * .tools/oracle-build/pid, with a status file once it ended). A frame rate is the page's on two
+ * cores, so a compiler beside it is stopped while the rate is measured, and continued after
+ * (oracle-build-wait continues it too, should this process die in between).
+ */
+async function withOracleBuildPaused(fn) {
+  const bg = join(root, ".tools", "oracle-build");
+  let pgid = null;
+  if (existsSync(join(bg, "pid")) && !existsSync(join(bg, "status"))) {
+    const pid = Number(readFileSync(join(bg, "pid"), "utf8").trim());
+    if (Number.isInteger(pid) && pid > 1 && pid !== process.pid) {
+      try {
+        process.kill(-pid, "SIGSTOP");
+        pgid = pid;
+      } catch {
+        // it has ended
+      }
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    if (pgid !== null) {
+      try {
+        process.kill(-pgid, "SIGCONT");
+      } catch {
+        // it has ended
+      }
+    }
+  }
+}
+
 before(async () => {
   assert.ok(existsSync(join(dist, "index.html")), `${dist}/index.html is missing: run \`make web\` first`);
   assert.ok(existsSync(executablePath), `${executablePath} is missing: apt-get install -y chromium`);
@@ -311,16 +345,19 @@ test("load: 10 000 events/s while animating at about 60 frames per second", asyn
   await page.click("text=selector app=web");
   await page.click("text=slow (lag)");
   await page.click("#load");
-  await page.waitForTimeout(700); // warm up
-  // Collect requestAnimationFrame timestamps in the page for 3 s while the load runs.
-  const result = await page.evaluate(async () => {
-    const app = window.__demo.app;
-    const w0 = app.load.written;
-    app.recordFrames();
-    const t0 = performance.now();
-    await new Promise((r) => setTimeout(r, 3000));
-    const frames = app.stopFrames();
-    return { frames, written: app.load.written - w0, secs: (performance.now() - t0) / 1000 };
+  // After a warm-up, collect requestAnimationFrame timestamps in the page for 3 s while the
+  // load runs.
+  const result = await withOracleBuildPaused(async () => {
+    await page.waitForTimeout(700);
+    return page.evaluate(async () => {
+      const app = window.__demo.app;
+      const w0 = app.load.written;
+      app.recordFrames();
+      const t0 = performance.now();
+      await new Promise((r) => setTimeout(r, 3000));
+      const frames = app.stopFrames();
+      return { frames, written: app.load.written - w0, secs: (performance.now() - t0) / 1000 };
+    });
   });
   await shot(page, "09-load-10k-events-per-second.png");
   await page.click("#load");
