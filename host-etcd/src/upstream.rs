@@ -525,11 +525,14 @@ async fn grpc_on(channel: Channel) -> Result<tonic::client::Grpc<Channel>, Statu
     Ok(grpc)
 }
 
+/// etcd's refusal of a token it does not know (`auth.ErrInvalidAuthToken`).
+pub const ERR_INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+
 /// Whether an error from etcd refuses the token a call carried (clientv3 then authenticates
 /// again, `shouldRefreshToken`): invalid (expired, or forgotten by a restart), or issued
 /// before the last change to users and roles (JWT tokens).
 pub(crate) fn is_token_refusal(text: &str) -> bool {
-    text.contains("etcdserver: invalid auth token")
+    text.contains(ERR_INVALID_AUTH_TOKEN)
         || text.contains("etcdserver: revision of auth store is old")
 }
 

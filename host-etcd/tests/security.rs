@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use etcd_client::proto::{PbRangeRequest, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use etcd_client::proto::{PbRangeRequest, PbWatchRequest, PbWatchRequestUnion};
 use etcd_client::{
     Certificate, ConnectOptions, GetOptions, Identity, Permission, TlsOptions, WatchOptions,
 };
@@ -269,9 +269,11 @@ async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_re
                 .authenticate("alice".into(), "alicepw".into())
                 .await
                 .expect("authenticate");
-            let s = RawWatch::open(&grpc, token.token()).await;
-            s.send(PbWatchRequestUnion::ProgressRequest(Default::default()));
-            idle = Some(s);
+            let progress = PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+            };
+            let token = Some(("token", token.token().into()));
+            idle = Some(support::RawWatch::open(&grpc, token, progress).await);
         }
         let mut admin = match round {
             1 => {
@@ -349,55 +351,13 @@ async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_re
         }
     }
     let mut idle = idle.expect("opened in round 3");
-    let mut create = PbWatchRequestUnion::CreateRequest(Default::default());
-    if let PbWatchRequestUnion::CreateRequest(c) = &mut create {
-        c.key = b"/a/".to_vec();
-        c.range_end = b"/a0".to_vec();
-    }
-    idle.send(create);
+    idle.send(WatchOptions::new().with_prefix().with_key("/a/").into());
     match tokio::time::timeout(Duration::from_secs(15), idle.next()).await {
         Ok(Err(s)) => assert_eq!(s.code(), tonic::Code::Unavailable, "idle: {s:?}"),
         Ok(Ok(m)) => panic!("idle: refused, not ended: {m:?}"),
         Err(_) => panic!("idle: no answer"),
     }
     server.shutdown().await;
-}
-
-/// A raw Watch stream with a token of the test's choice.
-struct RawWatch {
-    tx: tokio::sync::mpsc::UnboundedSender<PbWatchRequest>,
-    rx: tonic::Streaming<PbWatchResponse>,
-}
-
-impl RawWatch {
-    async fn open(endpoint: &str, token: &str) -> RawWatch {
-        let (tx, requests) = tokio::sync::mpsc::unbounded_channel();
-        let mut req =
-            tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(requests));
-        req.metadata_mut().insert("token", token.parse().expect("token"));
-        let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
-        let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
-        let rx = support::grpc(endpoint)
-            .await
-            .streaming(req, path, codec)
-            .await
-            .expect("watch stream")
-            .into_inner();
-        RawWatch { tx, rx }
-    }
-
-    fn send(&self, u: PbWatchRequestUnion) {
-        self.tx.send(PbWatchRequest { request_union: Some(u) }).expect("stream open");
-    }
-
-    /// The next response, or the status the stream ended with.
-    async fn next(&mut self) -> Result<PbWatchResponse, tonic::Status> {
-        match self.rx.message().await {
-            Ok(Some(m)) => Ok(m),
-            Ok(None) => Err(tonic::Status::ok("ended without a status")),
-            Err(s) => Err(s),
-        }
-    }
 }
 
 struct Pki {

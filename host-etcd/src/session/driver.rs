@@ -630,9 +630,7 @@ impl Driver {
                     (None, None) => feedback.push(Feedback::Permission(token, Permission::Allowed)),
                 }
             }
-            SessionOutput::End(reason) => {
-                self.end.get_or_insert_with(|| Status::unavailable(reason));
-            }
+            SessionOutput::End(reason) => self.end = Some(Status::unavailable(reason)),
             SessionOutput::Note(n) => match n {
                 Note::ServedFromCache => env.metrics.count_watch(true),
                 Note::ServedFromEtcd => env.metrics.count_watch(false),

@@ -56,8 +56,7 @@ const STALE_REASKS: u32 = 3;
 pub const ERR_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 /// `mvcc.ErrEmptyWatcherRange`.
 pub const ERR_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
-/// etcd's refusal of a token it does not know (`auth.ErrInvalidAuthToken`).
-pub const ERR_INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+pub use crate::upstream::ERR_INVALID_AUTH_TOKEN;
 /// Why the session ends a stream whose token etcd forgot.
 pub const END_FORGOTTEN_TOKEN: &str = "watchcache: etcd no longer knows this stream's auth \
     token (etcd restarted, or the token expired): connect again to authenticate";

@@ -777,9 +777,15 @@ fn a_token_never_taken_is_refused_as_etcd_refuses_it() {
     assert_eq!(w.take(), vec![Seen::Created { id: -1, canceled: true }]);
     assert_eq!(w.reasons, vec![INVALID_TOKEN]);
     assert!(w.ended.is_none());
-    // After an outage of etcd this stream outlived, the same refusal ends the stream: over
-    // etcd itself, a restart would have broken it (found by the robustness suite: a stream
-    // that had only asked for progress when etcd restarted).
+}
+
+/// After an outage of etcd this stream outlived, a token refused as unknown ends the stream,
+/// taken on it or not: over etcd itself, a restart would have broken it (found by the
+/// robustness suite: a stream that had only asked for progress when etcd restarted).
+#[test]
+fn after_an_outage_the_stream_outlived_a_token_refused_as_unknown_ends_it() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.deny = Some(INVALID_TOKEN.into());
     w.s.handle_upstream_outage();
     w.watch_prefix(0);
     w.pump();

@@ -8,6 +8,7 @@ pub mod http;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use etcd_client::{Client, ConnectOptions};
 use host_etcd::{EmbeddedEtcd, EtcdOptions, ServeConfig, Server};
 
@@ -227,10 +228,6 @@ pub async fn fragment_shapes(
     rev: i64,
     events: usize,
 ) -> Vec<Shape> {
-    use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
-    let ch = grpc_channel(endpoint).await;
-    let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
-    grpc.ready().await.expect("ready");
     let mut create = PbWatchRequest {
         request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
     };
@@ -238,26 +235,13 @@ pub async fn fragment_shapes(
         (c.key, c.range_end) = (key.as_bytes().to_vec(), end.as_bytes().to_vec());
         (c.start_revision, c.prev_kv, c.fragment) = (rev, true, true);
     }
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(create).await.expect("send");
-    let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
-    let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
-    let resp = grpc
-        .streaming(
-            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
-            path,
-            codec,
-        )
-        .await
-        .expect("watch");
-    let mut s = resp.into_inner();
+    let mut s = RawWatch::open(endpoint, None, create).await;
     let mut shapes = Vec::new();
     let mut seen = 0;
     while seen < events {
-        let m = tokio::time::timeout(Duration::from_secs(10), s.message())
+        let m = tokio::time::timeout(Duration::from_secs(10), s.next())
             .await
             .expect("in time")
-            .expect("ok")
             .expect("a response");
         if m.created {
             continue;
@@ -274,8 +258,59 @@ pub async fn fragment_shapes(
             .collect();
         shapes.push((m.fragment, keys));
     }
-    drop(tx);
     shapes
+}
+
+/// A raw Watch stream (no client in between: no merged fragments, no added requests), with
+/// the metadata of the caller's choice.
+pub struct RawWatch {
+    tx: tokio::sync::mpsc::UnboundedSender<PbWatchRequest>,
+    rx: tonic::Streaming<PbWatchResponse>,
+}
+
+impl RawWatch {
+    /// Opens a Watch stream on `endpoint` (`host:port`), with `metadata` (e.g. a token), and
+    /// `first` as its first request. That request is queued before the call is made: etcd's
+    /// gRPC server sends the response headers, which the call waits for, only with its first
+    /// response, so a stream opened empty on etcd would wait forever.
+    pub async fn open(
+        endpoint: &str,
+        metadata: Option<(&'static str, String)>,
+        first: PbWatchRequest,
+    ) -> RawWatch {
+        let (tx, requests) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(first).expect("the receiver is ours");
+        let mut req =
+            tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(requests));
+        if let Some((name, value)) = metadata {
+            req.metadata_mut().insert(name, value.parse().expect("metadata value"));
+        }
+        let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
+        let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+        let rx = grpc(endpoint)
+            .await
+            .max_decoding_message_size(64 << 20)
+            .streaming(req, path, codec)
+            .await
+            .expect("watch stream")
+            .into_inner();
+        RawWatch { tx, rx }
+    }
+
+    /// Sends a request on the stream.
+    pub fn send(&self, req: PbWatchRequest) {
+        self.tx.send(req).expect("the stream takes requests");
+    }
+
+    /// The next response, or the status the stream ended with (`Ok` when it ended without
+    /// one).
+    pub async fn next(&mut self) -> Result<PbWatchResponse, tonic::Status> {
+        match self.rx.message().await {
+            Ok(Some(m)) => Ok(m),
+            Ok(None) => Err(tonic::Status::ok("ended without a status")),
+            Err(s) => Err(s),
+        }
+    }
 }
 
 /// One HTTP/1.1 request on a new connection, `Connection: close`: the status and the body.
