@@ -221,6 +221,55 @@ async fn a_token_in_the_authorization_header_is_that_clients_alone() {
     server.shutdown().await;
 }
 
+/// With etcd down, a create whose permission etcd cannot be asked about gets no answer, and
+/// never events of a range the client may not read. Found by the robustness suite's auth mode:
+/// such a watch was announced when its relay to the stopped etcd failed, then served from the
+/// cache, secrets and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_down_a_create_it_cannot_decide_gets_no_answer_and_no_events() {
+    let mut etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
+    let mut admin = support::connect(&etcd.endpoint(), None).await;
+    let first = admin.put("/b/1", "secret", None).await.expect("put");
+    let first = first.header().expect("header").revision();
+    admin.put("/b/2", "secret", None).await.expect("put");
+    let server = with_auth(&etcd, &["/a/"], &["/"]).await;
+    let grpc = server.grpc_addr().to_string();
+    let token = support::connect(&grpc, None)
+        .await
+        .auth_client()
+        .authenticate("alice".into(), "alicepw".into())
+        .await
+        .expect("authenticate");
+    // Opened while etcd is up; a progress request on a stream without watches gets no answer
+    // (etcd's neither).
+    let progress = PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+    };
+    let token = Some(("token", token.token().into()));
+    let mut s = support::RawWatch::open(&grpc, token, progress).await;
+
+    etcd.kill().await;
+    // From the first revision: the cache's window holds every secret.
+    s.send(WatchOptions::new().with_prefix().with_key("/b/").with_start_revision(first).into());
+    let early = tokio::time::timeout(Duration::from_secs(3), s.next()).await;
+    assert!(early.is_err(), "an answer before etcd could decide: {early:?}");
+
+    etcd.restart(EtcdOptions::default()).await.expect("etcd restarts");
+    // etcd replays alice's Authenticate from its log (no snapshot came after it) and refuses
+    // the create; had it forgotten the token, the stream would end, as the restart ends it
+    // over etcd itself.
+    match tokio::time::timeout(Duration::from_secs(20), s.next()).await {
+        Ok(Ok(m)) => {
+            assert!(m.created && m.canceled && m.watch_id == -1, "{m:?}");
+            assert!(m.events.is_empty(), "{m:?}");
+            assert!(m.cancel_reason.contains("permission denied"), "{m:?}");
+        }
+        Ok(Err(st)) => assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}"),
+        Err(_) => panic!("no answer once etcd was back"),
+    }
+    server.shutdown().await;
+}
+
 /// etcd's simple tokens expire when unused for `--auth-token-ttl` (and after a restart, unless
 /// etcd replays their Authenticate). watchcache's own client then authenticates again, and a
 /// client's watch, whose permission etcd checked when it was created, goes on as over etcd

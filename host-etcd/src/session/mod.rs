@@ -582,12 +582,15 @@ impl WatchSession {
         self.watches.get(&id).is_some_and(|w| {
             !w.announced
                 && w.created.is_none()
-                && match w.source {
-                    Source::Authorizing { .. } => true,
-                    Source::RelayOpening { .. } => self.cfg.check_permissions,
-                    _ => false,
-                }
+                && (matches!(w.source, Source::Authorizing { .. }) || self.awaits_permission(w))
         })
+    }
+
+    /// Whether etcd has yet to let the client read the watch's range (with permissions
+    /// checked): until then the watch is neither announced by the session nor served from a
+    /// cache, whatever happens to etcd meanwhile.
+    fn awaits_permission(&self, w: &Watch) -> bool {
+        self.cfg.check_permissions && !w.permitted
     }
 
     fn take_request(&mut self, req: PbWatchRequest) {
@@ -746,6 +749,7 @@ impl WatchSession {
                 Source::RelayOpening { since, .. }
                     if !w.announced
                         && w.created.is_none()
+                        && !self.awaits_permission(w)
                         && since.add_ms(self.cfg.upstream_create_wait_ms) <= now =>
                 {
                     Some((*id, w.source))
@@ -832,7 +836,9 @@ impl WatchSession {
         for w in self.watches.values() {
             match w.source {
                 Source::Waiting { until } => consider(until, TimerReason::Resume),
-                Source::RelayOpening { since, .. } if !w.announced && w.created.is_none() => {
+                Source::RelayOpening { since, .. }
+                    if !w.announced && w.created.is_none() && !self.awaits_permission(w) =>
+                {
                     consider(
                         since.add_ms(self.cfg.upstream_create_wait_ms),
                         TimerReason::AnnounceCreate,
@@ -913,18 +919,21 @@ impl WatchSession {
         self.announce.push_back(Announce::Watch(id));
         self.invalidate_query(id);
         match cache {
-            Some(_) if self.cfg.check_permissions => {
-                let token = self.next_token();
-                self.by_permission.insert(token, id);
-                let Some(w) = self.watches.get_mut(&id) else { return };
-                w.source = Source::Authorizing { token };
-                let (key, range_end) = etcd_range(&w.spec.range);
-                self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
-            }
+            Some(_) if self.cfg.check_permissions => self.authorize(id),
             Some(c) => self.start_on_cache(id, c, start, self.cfg.create_wait_ms),
             None => self.open_relay(id),
         }
         self.flush_announcements();
+    }
+
+    /// Asks etcd whether the client may read a cached watch's range (`isWatchPermitted`).
+    fn authorize(&mut self, id: i64) {
+        let token = self.next_token();
+        let Some(w) = self.watches.get_mut(&id) else { return };
+        w.source = Source::Authorizing { token };
+        let (key, range_end) = etcd_range(&w.spec.range);
+        self.by_permission.insert(token, id);
+        self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
     }
 
     /// A create etcd's watch store refuses (an empty range, a duplicate id). With permissions
@@ -1213,6 +1222,14 @@ impl WatchSession {
     fn resume(&mut self, id: i64) {
         let Some(w) = self.watches.get(&id) else { return };
         let next = w.delivered + 1;
+        if self.awaits_permission(w) {
+            // etcd has not let the client read the range yet: ask again (a cached watch) or
+            // let etcd decide through a relay; never the cache before that.
+            return match w.cache {
+                Some(_) => self.authorize(id),
+                None => self.open_relay(id),
+            };
+        }
         if let Some(c) = w.cache {
             let status = &self.caches[c].status;
             if status.can_serve_from(next) {
@@ -1535,9 +1552,10 @@ impl WatchSession {
             let r = PbWatchResponse { cancel_reason: reason, ..Default::default() };
             return self.refuse(id, r);
         }
-        if !w.announced && w.created.is_none() {
+        if !w.announced && w.created.is_none() && !self.awaits_permission(w) {
             // etcd is unreachable: clients of etcd would wait; the watch is announced and its
-            // relay tried again until etcd is back.
+            // relay tried again until etcd is back. One whose permission etcd has yet to give
+            // waits unannounced: etcd may refuse it.
             self.announce_self(id);
         }
         self.backoff(id);

@@ -305,6 +305,8 @@ struct World {
     deny: Option<String>,
     /// Permission checks held here (answered by the test) instead of answered at once.
     held_checks: Option<Vec<u64>>,
+    /// Permission checks answered `Unknown` (etcd could not be asked), whatever `deny` says.
+    unknown_checks: bool,
     /// Every response as it went out, with its fragment flag.
     wire: Vec<Wire>,
     /// The cancel reason of every canceled response, in order.
@@ -334,6 +336,7 @@ impl World {
             notes: Vec::new(),
             deny: None,
             held_checks: None,
+            unknown_checks: false,
             wire: Vec::new(),
             reasons: Vec::new(),
             ended: None,
@@ -363,6 +366,7 @@ impl World {
                     Some(held) => held.push(token),
                     None => {
                         let d = match &self.deny {
+                            _ if self.unknown_checks => Permission::Unknown,
                             Some(reason) => Permission::Denied(reason.clone()),
                             None => Permission::Allowed,
                         };
@@ -735,6 +739,57 @@ fn with_permissions_checked_a_malformed_create_is_refused_for_permission_first()
     );
     assert_eq!(w.reasons, vec![ERR_EMPTY_RANGE, ERR_DUPLICATE_ID]);
 }
+
+/// With permissions checked, a create etcd could not be asked about (etcd down: the check
+/// fails, and so does the relay through which etcd would decide) is neither announced nor
+/// served from the cache: it waits, and the requests behind it with it, until etcd decides,
+/// and etcd's refusal is the answer. Found by the robustness suite's auth mode: a user who may
+/// not read the secrets watched one while etcd was down, got `created` when the relay failed,
+/// and was then served from the cache.
+#[test]
+fn a_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.etcd.go_down();
+    w.unknown_checks = true;
+    w.create("/registry/a1", "", 0, 0);
+    w.create("/other/k", "", 0, 0);
+    w.pump();
+    w.advance(10_000);
+    assert!(w.take().is_empty(), "nothing is said before etcd decides");
+    assert!(!w.s.takes_requests(), "requests wait behind the undecided create");
+    assert!(w.etcd.opened >= 2, "etcd is asked again: {} relays", w.etcd.opened);
+    // etcd is back, and refuses.
+    w.etcd.up = true;
+    w.unknown_checks = false;
+    w.deny = Some(PERMISSION_DENIED.into());
+    w.write(&["/registry/a1", "/other/k"]);
+    w.advance(10_000);
+    let seen = w.take();
+    assert_eq!(
+        seen[..2],
+        [Seen::Created { id: -1, canceled: true }, Seen::Created { id: 0, canceled: false }],
+        "etcd's refusal, then the next create, which gets the first id: {seen:?}"
+    );
+    assert_eq!(w.reasons, vec![PERMISSION_DENIED]);
+    assert!(seen[2..].iter().all(|s| !matches!(s, Seen::Events { id, .. } if *id != 0)));
+    // Allowed once etcd is back: served as any permitted watch.
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.etcd.go_down();
+    w.unknown_checks = true;
+    w.create("/registry/a1", "", 0, 0);
+    w.advance(5_000);
+    assert!(w.take().is_empty());
+    w.etcd.up = true;
+    w.unknown_checks = false;
+    w.advance(10_000);
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    let rev = w.write(&["/registry/a1"]);
+    w.pump();
+    assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
+}
+
+const PERMISSION_DENIED: &str =
+    "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
 
 const INVALID_TOKEN: &str =
     "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token";
