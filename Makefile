@@ -202,7 +202,7 @@ robustness-smoke: robustness-build ## about 3 minutes: the checker's tests, 2 se
 	$(TOOLS)/bin/robustness suite --seeds 2 --duration 35s --baseline-seeds 1 --selftest --details 2 --out $(ROBUSTNESS_OUT)/smoke $(ROBUSTNESS_ARGS)
 	$(TOOLS)/bin/robustness suite --auth --seeds 1 --first-seed 3 --duration 35s --baseline=false --details 2 --out $(ROBUSTNESS_OUT)/smoke-auth $(ROBUSTNESS_ARGS)
 
-robustness-auth: robustness-build ## as robustness, with etcd's auth on (root on etcd, a user with readwrite on every key through the target)
+robustness-auth: robustness-build ## as robustness, with etcd's auth on (root on etcd; through the target a user with readwrite on every key, and on a quarter of the watch streams one who may not read the secrets)
 	$(TOOLS)/bin/robustness suite --auth --seeds $(SEEDS) --duration $(DURATION) --out $(ROBUSTNESS_OUT)/auth $(ROBUSTNESS_ARGS)
 
 robustness-ha: robustness-build ## 3 etcd members, 2 watchcache replicas; kill the replica in use, then the etcd leader

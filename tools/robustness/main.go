@@ -339,7 +339,7 @@ func printSummary(rows []summaryRow, where string) int {
 	fmt.Println("══ summary (violations per property; details in each run's violations.txt under " + where + ")")
 	short := map[string]string{checker.Ordered: "ord", checker.Unique: "uniq", checker.Atomic: "atom", checker.Reliable: "rel", checker.Resumable: "res",
 		checker.Bookmarkable: "bmk", checker.PrevKV: "prev", checker.Filter: "filt", checker.Events: "evt", checker.Compaction: "cmp", checker.Cancel: "cncl",
-		checker.Created: "crt", checker.WatchID: "wid", checker.Range: "rng", checker.Linearizable: "lin"}
+		checker.Created: "crt", checker.WatchID: "wid", checker.Range: "rng", checker.Linearizable: "lin", checker.Permission: "perm"}
 	hdr := fmt.Sprintf("%-34s %7s %9s %-44s", "run", "writes", "events", "faults")
 	for _, p := range checker.Properties {
 		hdr += fmt.Sprintf(" %4s", short[p])

@@ -10,7 +10,8 @@
 // the ones etcd's server keeps by construction (spec/etcd.md 1.2–1.5): a progress answer with
 // watch_id -1 speaks for every watch of the stream, a compaction cancel names a compaction that
 // happened and comes only to a watch that needs a compacted revision, a watch id is never handed
-// out twice on one stream, and etcd never refuses a well-formed create.
+// out twice on one stream, and etcd never refuses a well-formed create, except one whose range
+// the stream's user may not read (auth mode), which it refuses with nothing before.
 package checker
 
 import (
@@ -40,10 +41,11 @@ const (
 	WatchID      = "watch_id"
 	Range        = "range"
 	Linearizable = "linearizable"
+	Permission   = "permission"
 )
 
 // Properties lists every property.
-var Properties = []string{Ordered, Unique, Atomic, Reliable, Resumable, Bookmarkable, PrevKV, Filter, Events, Compaction, Cancel, Created, WatchID, Range, Linearizable}
+var Properties = []string{Ordered, Unique, Atomic, Reliable, Resumable, Bookmarkable, PrevKV, Filter, Events, Compaction, Cancel, Created, WatchID, Range, Linearizable, Permission}
 
 // Violation is one incident.
 type Violation struct {
@@ -81,6 +83,9 @@ type Figures struct {
 	Compactions                  int
 	Faults                       map[string]int
 	WatchesOpenAtEnd, NotDrained int
+	// Auth mode: watch records whose range their stream's user may not read, and how many of
+	// them the target refused as etcd does.
+	DeniedCreates, DeniedRefused int
 }
 
 // Report is the checker's answer.

@@ -336,3 +336,71 @@ func TestRangeRules(t *testing.T) {
 	want(t, rep, Linearizable, 1)
 	want(t, rep, Range, 0)
 }
+
+const permissionDenied = "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+
+// limitedRun is oneWatch on a stream of the user limited, who may not read [/r/b, /r/c).
+func limitedRun(req record.CreateRequest, resps ...record.Response) *record.Run {
+	run := oneWatch(req, 1, resps...)
+	run.Streams[0].User = "limited"
+	run.Denied = []record.Denied{{User: "limited", Key: "/r/b", End: "/r/c"}}
+	return run
+}
+
+func TestAWatchTheUserMayNotReadIsRefusedWithNothingElse(t *testing.T) {
+	refused := record.Response{WatchID: -1, Revision: 5, Created: true, Canceled: true, CancelReason: permissionDenied}
+	rep := check(t, limitedRun(prefix, refused))
+	if rep.Total() != 0 {
+		t.Fatalf("a refusal as etcd's: %d violations\n%v", rep.Total(), rep.Violations)
+	}
+	// Served anyway: the secret's events leak.
+	want(t, check(t, limitedRun(prefix,
+		record.Response{WatchID: 0, Revision: 1, Created: true},
+		record.Response{WatchID: 0, Revision: 3, Events: evs(0, 1)})), Permission, 1)
+	// Created and kept, nothing delivered yet.
+	want(t, check(t, limitedRun(prefix, record.Response{WatchID: 0, Revision: 1, Created: true})), Permission, 1)
+	// Refused for another reason.
+	other := refused
+	other.CancelReason = "injected"
+	want(t, check(t, limitedRun(prefix, other)), Permission, 1)
+	// The same user on a range it may read is not refused; a refusal there is a cancel etcd
+	// would not send.
+	allowed := record.CreateRequest{Key: "/r/a", StartRevision: 2}
+	rep = check(t, limitedRun(allowed, refused))
+	want(t, rep, Cancel, 1)
+	want(t, rep, Permission, 0)
+	// Another user's stream is not limited's.
+	run := limitedRun(prefix, refused)
+	run.Streams[0].User = "load"
+	want(t, check(t, run), Cancel, 1)
+}
+
+func TestDeniedMeetsARangeWhenAnyOfItsKeysIsDenied(t *testing.T) {
+	d := record.Denied{User: "u", Key: "/r/b", End: "/r/c"}
+	from := record.Denied{User: "u", Key: "/r/b", End: "\x00"}
+	for _, tc := range []struct {
+		d        record.Denied
+		key, end string
+		want     bool
+	}{
+		{d, "/r/b", "", true},
+		{d, "/r/b/x", "", true},
+		{d, "/r/a", "", false},
+		{d, "/r/c", "", false},
+		{d, "/r/", "/r0", true},
+		{d, "/r/a", "/r/b", false},
+		{d, "/r/a", "/r/b\x00", true},
+		{d, "/r/c", "/r/d", false},
+		{d, "/r/a", "\x00", true},
+		{d, "/r/c", "\x00", false},
+		{from, "/r/a", "/r/b", false},
+		{from, "/r/a", "/r/b0", true},
+		{from, "/s", "", true},
+		{from, "/r/a", "\x00", true},
+	} {
+		req := record.CreateRequest{Key: tc.key, RangeEnd: tc.end}
+		if got := tc.d.Meets(&req); got != tc.want {
+			t.Errorf("%q denied, [%q, %q): meets %v, want %v", tc.d.Key+".."+tc.d.End, tc.key, tc.end, got, tc.want)
+		}
+	}
+}

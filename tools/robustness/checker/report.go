@@ -33,6 +33,9 @@ func (r *Report) PrintTable(w io.Writer, title string) {
 		f.Writes, f.WritesFailed, f.Revisions, f.HistoryEvents, f.Streams, f.StreamBreaks, f.WatchRecords, f.WatchesOpenAtEnd, f.NotDrained)
 	fmt.Fprintf(w, "   responses %d · events delivered %d · progress notifications %d · compaction cancels %d · ranges %d (%d failed)\n",
 		f.Responses, f.EventsDelivered, f.ProgressNotifications, f.CompactionCancels, f.Ranges, f.RangesFailed)
+	if f.DeniedCreates > 0 {
+		fmt.Fprintf(w, "   creates of ranges the stream's user may not read: %d (%d refused as etcd refuses them)\n", f.DeniedCreates, f.DeniedRefused)
+	}
 	fmt.Fprintf(w, "   faults: %s\n", r.FaultsLine())
 	fmt.Fprintf(w, "   %-13s %s\n", "property", "violations")
 	for _, p := range Properties {

@@ -249,6 +249,10 @@ type got struct {
 
 func (c *checker) watch(v *view) {
 	req := &v.rec.Request
+	if d := c.run.DeniedTo(v.st.User, req); d != nil {
+		c.denied(v, d)
+		return
+	}
 	final := c.run.FinalRevision
 	var created *record.Response
 	createdCount := 0
@@ -685,6 +689,33 @@ func (c *checker) cancels(v *view, evs []got, from int64) {
 			}
 			c.watchViolation(v, Cancel, r.Revision, r, fmt.Sprintf("watch record %d: cancelled by the server (reason %q)%s; etcd keeps a well-formed watch until the client cancels it", v.rec.ID, r.CancelReason, why), d...)
 		}
+	}
+}
+
+// denied: a create whose range the stream's user may not read. etcd refuses it on arrival
+// (recvLoop's isWatchPermitted): one response, created and cancelled, "permission denied", and
+// nothing of the range before or after.
+func (c *checker) denied(v *view, d *record.Denied) {
+	why := fmt.Sprintf("user %q may not read [%q, %q)", v.st.User, d.Key, d.End)
+	refused := false
+	for _, r := range v.resps {
+		if len(r.Events) > 0 {
+			c.rep.Figures.DeniedCreates++
+			c.watchViolation(v, Permission, r.Events[0].Rev(), r, fmt.Sprintf("watch record %d: %d events delivered on a watch etcd refuses (%s)", v.rec.ID, len(r.Events), why),
+				"response "+r.Describe(4, nil))
+			return
+		}
+		if r.Canceled && strings.Contains(r.CancelReason, "permission denied") {
+			refused = true
+		}
+	}
+	c.rep.Figures.DeniedCreates++
+	if refused {
+		c.rep.Figures.DeniedRefused++
+	}
+	if len(v.resps) > 0 && !refused {
+		c.watchViolation(v, Permission, v.resps[0].Revision, v.resps[0], fmt.Sprintf("watch record %d: not refused, where etcd refuses it (%s)", v.rec.ID, why),
+			"first response "+v.resps[0].Describe(4, nil))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,7 +143,7 @@ func (s *rawSlot) open(ctx context.Context) (*session, error) {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(context.Background())
-	sctx, err = withToken(sctx, conn, s.l.tgtCreds)
+	sctx, err = withToken(sctx, conn, s.l.slotCreds(s.id))
 	if err != nil {
 		cancel()
 		conn.Close()
@@ -157,7 +158,7 @@ func (s *rawSlot) open(ctx context.Context) (*session, error) {
 	sess := &session{slot: s, conn: conn, stream: stream, cancel: cancel, tracker: record.NewTracker(),
 		byRec: map[int]*lwatch{}, sendq: make(chan sendItem, 4096), created: make(chan struct{}, 1),
 		broken: make(chan struct{}), cancelled: map[int64]bool{}}
-	sess.sr = s.l.rec.newStream(record.Raw, s.id, s.slow, s.l.targetName)
+	sess.sr = s.l.rec.newStream(record.Raw, s.id, s.slow, s.l.targetName, s.l.slotCreds(s.id))
 	s.mu.Lock()
 	s.cur = sess
 	for _, lw := range s.watches {
@@ -353,6 +354,7 @@ func (sess *session) recvLoop(seed uint64) {
 		rr := sess.sr.recv(l.rec, resp)
 		out := sess.tracker.Recv(rr)
 		compactRev, watchID := rr.CompactRevision, rr.WatchID
+		denied := strings.Contains(rr.CancelReason, errPermissionDenied)
 		var lastEv int64
 		if n := len(rr.Events); n > 0 {
 			lastEv = rr.Events[n-1].Rev()
@@ -381,6 +383,10 @@ func (sess *session) recvLoop(seed uint64) {
 			signal = true
 		case record.OutCreateRejected:
 			signal = true
+			if denied {
+				lw.state = wsDropped // refused for good: not asked again
+				break
+			}
 			after = s.closedByServer(lw, compactRev)
 		case record.OutWatch:
 			if lastEv > lw.lastEv {

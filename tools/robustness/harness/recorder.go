@@ -108,10 +108,13 @@ func (r *recorder) note(s string) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) newStream(client string, slot int, slow bool, target string) *streamRec {
+func (r *recorder) newStream(client string, slot int, slow bool, target string, c *Creds) *streamRec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := &streamRec{s: record.Stream{ID: len(r.streams), Client: client, Slot: slot, Slow: slow, Target: target, Opened: r.now()}}
+	if c != nil {
+		s.s.User = c.User
+	}
 	r.streams = append(r.streams, s)
 	return s
 }

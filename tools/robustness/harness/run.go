@@ -121,7 +121,8 @@ func Run(cfg Config) (*record.Run, error) {
 	var target *Proc
 	run := &record.Run{Seed: cfg.Seed, FlagSet: cfg.FlagSet, Target: cfg.Target, Duration: cfg.Duration}
 	if cfg.Auth {
-		l.rec.note("etcd auth on: root on etcd directly, the user load through the target")
+		l.rec.note("etcd auth on: root on etcd directly, the users load and limited (a quarter of the watch streams; no secrets) through the target")
+		run.Denied = []record.Denied{limitedDenied}
 	}
 	if cfg.Target == "watchcache" {
 		p, t, err := NewWatchcache(cfg.WatchcacheBin, dir, "watchcache", []string{l.etcdEndpoint}, append(FlagSet(cfg.FlagSet), wcExtra...))
@@ -255,6 +256,7 @@ func Run(cfg Config) (*record.Run, error) {
 
 	out := l.rec.run(history)
 	out.Seed, out.FlagSet, out.Target, out.Duration, out.Args = run.Seed, run.FlagSet, run.Target, run.Duration, run.Args
+	out.Denied = run.Denied
 	out.FinalRevision = final
 	if cfg.Save && cfg.Out != "" {
 		if err := out.Save(filepath.Join(cfg.Out, "run.gob.gz")); err != nil {
@@ -299,7 +301,7 @@ func (l *load) startWatches(ctx context.Context) error {
 	for i := 0; i < cfg.V3Streams; i++ {
 		id := cfg.RawStreams + i
 		slow := i%slowEvery == 2
-		cli, err := newClient([]string{l.targetEndpoint}, slow, l.tgtCreds)
+		cli, err := newClient([]string{l.targetEndpoint}, slow, l.slotCreds(id))
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,7 +62,7 @@ func (s *v3Slot) start(ctx context.Context, w *v3watch, rev int64, startKind str
 	}
 	req := w.req
 	req.StartRevision = rev
-	sr := l.rec.newStream(record.ClientV3, s.id, s.slow, l.targetName)
+	sr := l.rec.newStream(record.ClientV3, s.id, s.slow, l.targetName, l.slotCreds(s.id))
 	rec := l.rec.newWatch(sr.s.ID, req, w.kind, startKind, resumeOf)
 	s.mu.Lock()
 	w.req, w.sr, w.rec, w.open, w.cancelled, w.resume, w.got = req, sr, rec, true, false, false, 0
@@ -152,9 +153,9 @@ func (s *v3Slot) read(ctx context.Context, w *v3watch, sr *streamRec, ch clientv
 	switch {
 	case cancelled && resume:
 		s.start(ctx, w, w.next(), "resume")
-	case cancelled:
+	case cancelled, strings.Contains(last.CancelReason, errPermissionDenied):
 		s.mu.Lock()
-		w.dropped = true
+		w.dropped = true // the load's cancel, or refused for good
 		s.mu.Unlock()
 	case compactRev != 0:
 		s.start(ctx, w, compactRev, "after-compaction")

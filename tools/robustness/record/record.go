@@ -264,6 +264,7 @@ type Stream struct {
 	Slot   int  // the load's logical stream this one belongs to (a reconnect opens a new Stream)
 	Slow   bool // a slow reader (small HTTP/2 windows, sleeps, stalls)
 	Target string
+	User   string // the etcd user whose token the stream carries ("" with auth off)
 	Opened time.Duration
 	Sends  []Send
 	Recvs  []Response
@@ -391,6 +392,34 @@ type Run struct {
 	Compactions   []Compaction
 	Faults        []Fault
 	Notes         []string
+	// Denied: key ranges a user may not read (etcd's RBAC, auth mode). A create of that user
+	// whose range meets one is refused by etcd (isWatchPermitted).
+	Denied []Denied
+}
+
+// Denied is a key range [Key, End) that User may not read (End "\x00": every key from Key).
+type Denied struct{ User, Key, End string }
+
+// Meets says whether the create's range has a key in d: etcd permits a watch only when every
+// key of its range is readable (IsRangePermitted).
+func (d *Denied) Meets(c *CreateRequest) bool {
+	below := func(a, b string) bool { return b == "\x00" || a < b } // a < b, with "\x00" as +inf
+	switch c.RangeEnd {
+	case "":
+		return d.Key <= c.Key && below(c.Key, d.End)
+	default:
+		return below(c.Key, d.End) && (c.RangeEnd == "\x00" || d.Key < c.RangeEnd) && below(c.Key, c.RangeEnd)
+	}
+}
+
+// DeniedTo says which denial, if any, refuses user the create's range.
+func (r *Run) DeniedTo(user string, c *CreateRequest) *Denied {
+	for i := range r.Denied {
+		if d := &r.Denied[i]; d.User == user && user != "" && d.Meets(c) {
+			return d
+		}
+	}
+	return nil
 }
 
 // Save writes the run as gzip'd gob.

@@ -61,6 +61,7 @@ var corruptions = []corruption{
 	{"event outside the range", checker.Filter, foreignEvent},
 	{"skipped first event", checker.Resumable, skipFirst},
 	{"server cancel", checker.Cancel, serverCancel},
+	{"events the user may not read", checker.Permission, permissionLeak},
 	{"progress below the start", checker.Bookmarkable, progressBelowStart},
 }
 
@@ -627,6 +628,24 @@ func serverCancel(p *planter) (string, error) {
 	recvs = append(recvs, resp)
 	s.Recvs = append(recvs, s.Recvs[last+1:]...)
 	return fmt.Sprintf("watch record %d: a cancel the client did not ask for after #%d", pl.watch, s.Recvs[last].Seq), nil
+}
+
+// permissionLeak makes a watch that got events one its stream's user may not read: the stream
+// carries a user denied the watch's range, as if the target had served what etcd refuses.
+func permissionLeak(p *planter) (string, error) {
+	pl, ok := p.find(func(pl place) bool { return len(pl.resps) >= 1 && p.clean(pl) })
+	if !ok {
+		return "", errNoPlace
+	}
+	s := p.use(pl)
+	req := p.run.Watches[pl.watch].Request
+	end := req.RangeEnd
+	if end == "" {
+		end = req.Key + "\x00"
+	}
+	s.User = "planted"
+	p.run.Denied = append(append([]record.Denied(nil), p.run.Denied...), record.Denied{User: s.User, Key: req.Key, End: end})
+	return fmt.Sprintf("watch record %d: its stream's user may not read [%q, %q)", pl.watch, req.Key, end), nil
 }
 
 // beforeClientCancel: the index into pl.resps of the watch's last event response before the
