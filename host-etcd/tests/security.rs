@@ -29,6 +29,14 @@ async fn with_auth(
     readable: &[&str],
     prefixes: &[&str],
 ) -> host_etcd::Server {
+    enable_auth(etcd, readable).await;
+    let server = start_as_root(etcd, prefixes).await;
+    assert!(server.wait_ready(Duration::from_secs(10)).await);
+    server
+}
+
+/// Turns etcd's auth on with `root` and `alice`, who may read the prefixes `readable`.
+async fn enable_auth(etcd: &host_etcd::EmbeddedEtcd, readable: &[&str]) {
     let mut admin = support::connect(&etcd.endpoint(), None).await;
     admin.user_add("root", "rootpw", None).await.expect("root");
     admin.user_grant_role("root", "root").await.expect("root role");
@@ -42,12 +50,45 @@ async fn with_auth(
     admin.user_add("alice", "alicepw", None).await.expect("alice");
     admin.user_grant_role("alice", "reader").await.expect("alice role");
     admin.auth_enable().await.expect("auth on");
+}
+
+/// Starts watchcache on `prefixes` as root (not waiting for its caches).
+async fn start_as_root(etcd: &host_etcd::EmbeddedEtcd, prefixes: &[&str]) -> host_etcd::Server {
     let mut cfg = support::test_config(etcd);
     cfg.prefixes = prefixes.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.upstream.user = Some(("root".into(), "rootpw".into()));
-    let server = host_etcd::Server::start(cfg).await.expect("watchcache");
-    assert!(server.wait_ready(Duration::from_secs(10)).await);
-    server
+    host_etcd::Server::start(cfg).await.expect("watchcache")
+}
+
+/// Whether auth is on is asked of etcd (`AuthStatus`, at the start and every 10 s): until etcd
+/// has said it is off, each cached read is checked with etcd. Before, auth counted as off
+/// until etcd's first answer, so a start whose first `AuthStatus` found etcd unreachable
+/// served cached reads to anyone for the next 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_etcd_says_auth_is_off_cached_reads_are_checked() {
+    use host_etcd::server::auth::AuthChecker;
+    let mut etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
+    let mut admin = support::connect(&etcd.endpoint(), None).await;
+    admin.put("/b/1", "secret", None).await.expect("put");
+    enable_auth(&etcd, &["/a/"]).await;
+    let mut cfg = support::test_config(&etcd);
+    cfg.upstream.user = Some(("root".into(), "rootpw".into()));
+    let upstream = host_etcd::upstream::Upstream::connect(&cfg.upstream).await.expect("upstream");
+    etcd.kill().await;
+    let checker = AuthChecker::new(upstream, Duration::from_secs(5), Default::default());
+    checker.refresh().await; // etcd is down: no answer
+    etcd.restart(EtcdOptions::default()).await.expect("etcd restarts");
+    let token = support::connect(&etcd.endpoint(), None)
+        .await
+        .auth_client()
+        .authenticate("alice".into(), "alicepw".into())
+        .await
+        .expect("authenticate");
+    let mut md = tonic::metadata::MetadataMap::new();
+    md.insert("token", token.token().parse().expect("token"));
+    let refused = checker.check(&md, b"/b/1", b"").await;
+    assert_eq!(refused.map_err(|s| s.code()), Err(tonic::Code::PermissionDenied));
+    assert!(checker.check(&md, b"/a/1", b"").await.is_ok(), "alice may read /a/");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

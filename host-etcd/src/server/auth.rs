@@ -70,11 +70,13 @@ pub struct AuthChecker {
 }
 
 impl AuthChecker {
-    /// A checker; `enabled` is refreshed from etcd with [`AuthChecker::refresh`].
+    /// A checker; `enabled` is refreshed from etcd with [`AuthChecker::refresh`]. Until etcd
+    /// says auth is off, it counts as on: every read is checked with etcd (whose answer is
+    /// right either way), never served unchecked because etcd could not be asked yet.
     pub fn new(upstream: Upstream, ttl: Duration, metrics: Arc<HostMetrics>) -> AuthChecker {
         AuthChecker {
             upstream,
-            enabled: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
             ttl,
             decisions: Mutex::new(HashMap::new()),
             metrics,
