@@ -6,7 +6,7 @@
 //! `isWatchPermitted` in `v3rpc/watch.go`, which checks a watch's range once, at creation.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,6 +64,9 @@ fn client_token(md: &MetadataMap) -> Option<Vec<u8>> {
 pub struct AuthChecker {
     upstream: Upstream,
     enabled: AtomicBool,
+    /// Bumped by every change of auth seen or made through the cache: an answer of etcd's
+    /// asked for before it (a decision, an auth state saying "off") is not kept.
+    changes: AtomicU64,
     ttl: Duration,
     decisions: Mutex<HashMap<DecisionKey, Decision>>,
     metrics: Arc<HostMetrics>,
@@ -77,6 +80,7 @@ impl AuthChecker {
         AuthChecker {
             upstream,
             enabled: AtomicBool::new(true),
+            changes: AtomicU64::new(0),
             ttl,
             decisions: Mutex::new(HashMap::new()),
             metrics,
@@ -88,8 +92,10 @@ impl AuthChecker {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// Asks etcd whether auth is enabled. A change drops every cached decision.
+    /// Asks etcd whether auth is enabled. A change drops every cached decision. An answer
+    /// that auth is off is dropped if auth changed through the cache while it was asked.
     pub async fn refresh(&self) {
+        let asked_at = self.changes.load(Ordering::SeqCst);
         let md = MetadataMap::new();
         match self
             .upstream
@@ -100,7 +106,12 @@ impl AuthChecker {
             )
             .await
         {
-            Ok(r) => self.set_enabled(r.into_inner().enabled),
+            Ok(r) => {
+                let on = r.into_inner().enabled;
+                if on || self.changes.load(Ordering::SeqCst) == asked_at {
+                    self.set_enabled(on)
+                }
+            }
             // AuthStatus itself needs a user when auth is on, in some etcd versions.
             Err(s)
                 if matches!(
@@ -116,21 +127,28 @@ impl AuthChecker {
         }
     }
 
-    /// Sets the auth state (also when a client enables or disables auth through the cache).
+    /// Sets the auth state.
     pub fn set_enabled(&self, on: bool) {
         if self.enabled.swap(on, Ordering::Relaxed) != on {
-            if let Ok(mut d) = self.decisions.lock() {
-                d.clear();
-            }
+            self.invalidate();
         }
     }
 
     /// Forgets every cached decision (after a change of users, roles or permissions made
-    /// through the cache).
+    /// through the cache), and any decision still being asked for.
     pub fn invalidate(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut d) = self.decisions.lock() {
             d.clear();
         }
+    }
+
+    /// An auth call passed through the cache (auth turned on or off, users, roles, grants):
+    /// until etcd's state is read again, auth counts as on and every decision is asked anew,
+    /// which is right whatever the call did.
+    pub fn note_auth_change(&self) {
+        self.enabled.store(true, Ordering::SeqCst);
+        self.invalidate();
     }
 
     /// Whether the client with this metadata may read `[key, range_end)` (etcd's range
@@ -160,6 +178,7 @@ impl AuthChecker {
         }
         self.metrics.count_auth_check(false);
         self.metrics.count_upstream_request("auth_check");
+        let asked_at = self.changes.load(Ordering::SeqCst);
         let req = PbRangeRequest {
             key: key.to_vec(),
             range_end: range_end.to_vec(),
@@ -179,6 +198,10 @@ impl AuthChecker {
         };
         if decided {
             if let Ok(mut d) = self.decisions.lock() {
+                if self.changes.load(Ordering::SeqCst) != asked_at {
+                    // Auth changed while etcd was asked: the answer is this call's alone.
+                    return r;
+                }
                 if d.len() > 100_000 {
                     d.retain(|_, decision| now.duration_since(decision.at) < self.ttl);
                 }

@@ -78,7 +78,9 @@ fn after_success(ctx: &Arc<Ctx>, path: &str) {
     ) {
         return;
     }
-    ctx.auth.invalidate();
+    // At once, before the client hears etcd's answer: a read right after an AuthEnable
+    // through the cache is checked (it was served unchecked until the refresh below).
+    ctx.auth.note_auth_change();
     let ctx = ctx.clone();
     tokio::spawn(async move {
         // Let etcd apply it, then read the state (gRPC answers are 200 even on error).
