@@ -401,8 +401,6 @@ struct Watch {
     created: Option<Box<PbWatchResponse>>,
     /// etcd ended it before it was announced: it ends once announced (the cancel is held).
     doomed: bool,
-    /// The client cancelled it before it was announced.
-    cancel_requested: bool,
     /// Its id was the session's choice (the client asked for none).
     auto_id: bool,
     /// etcd (a relay's `created`) or the permission check let the client have it: as etcd
@@ -427,6 +425,9 @@ enum Announce {
     Watch(i64),
     /// A response that must keep its place among the `created` responses.
     Ready(PbWatchResponse),
+    /// The client's cancel of a watch not yet announced: answered in its place, after that
+    /// watch's `created` and before what the client asked after it.
+    Cancel(i64),
 }
 
 struct Query {
@@ -903,7 +904,6 @@ impl WatchSession {
             announced: false,
             created: None,
             doomed: false,
-            cancel_requested: false,
             auto_id: requested_id == 0,
             permitted: false,
             held: Vec::new(),
@@ -1028,7 +1028,7 @@ impl WatchSession {
                     self.announce.pop_front();
                     w.announced = true;
                     let held = std::mem::take(&mut w.held);
-                    let (doomed, cancel) = (w.doomed, w.cancel_requested);
+                    let doomed = w.doomed;
                     self.outputs.push_back(SessionOutput::Respond(Response::Message(*created)));
                     for r in held {
                         self.outputs.push_back(SessionOutput::Respond(r));
@@ -1038,8 +1038,12 @@ impl WatchSession {
                         self.remove_watch(id);
                         self.ended.insert(id);
                     }
-                    if cancel {
-                        self.client_cancel(id);
+                }
+                Announce::Cancel(id) => {
+                    let id = *id;
+                    self.announce.pop_front();
+                    if let Some(r) = self.cancel_answer(id) {
+                        self.respond_now(r);
                     }
                 }
             }
@@ -1086,18 +1090,27 @@ impl WatchSession {
     // ----- cancel -----------------------------------------------------------------------------
 
     fn client_cancel(&mut self, id: i64) {
+        if self.watches.get(&id).is_some_and(|w| !w.announced) {
+            // Answered in its turn: after the watch's `created`, before what came after it
+            // (etcd answers both on one channel, in request order).
+            return self.announce.push_back(Announce::Cancel(id));
+        }
+        if let Some(r) = self.cancel_answer(id) {
+            self.respond_in_turn(r);
+        }
+    }
+
+    /// Ends an announced watch for the client's cancel: etcd's answer, or `None` where etcd
+    /// says nothing (no watch holds the id).
+    fn cancel_answer(&mut self, id: i64) -> Option<PbWatchResponse> {
         if self.ended.remove(&id) {
             // etcd's `watchStream.Cancel` finds the compacted watcher and answers.
-            return self.respond_in_turn(canceled_response(id, self.best_rev));
+            return Some(canceled_response(id, self.best_rev));
         }
-        let Some(w) = self.watches.get_mut(&id) else { return };
-        if !w.announced {
-            w.cancel_requested = true;
-            return;
-        }
+        let w = self.watches.get(&id).filter(|w| w.announced)?;
         let rev = self.best_rev.max(w.vouched);
         self.remove_watch(id);
-        self.respond_in_turn(canceled_response(id, rev));
+        Some(canceled_response(id, rev))
     }
 
     /// Ends a watch because its source ended it for good (etcd's compaction cancel): the client

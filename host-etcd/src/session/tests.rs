@@ -740,6 +740,36 @@ fn with_permissions_checked_a_malformed_create_is_refused_for_permission_first()
     assert_eq!(w.reasons, vec![ERR_EMPTY_RANGE, ERR_DUPLICATE_ID]);
 }
 
+/// etcd answers a cancel and the creates around it on one channel, in request order: the
+/// cancel of a watch not yet announced is answered right after its `created`, before the
+/// answer to a create sent after the cancel (it came after that answer before).
+#[test]
+fn a_cancel_before_a_create_is_answered_before_that_creates_answer() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.held_checks = Some(Vec::new());
+    w.watch_prefix(0);
+    w.cancel_id(0);
+    w.watch_prefix(0);
+    let held = std::mem::take(w.held_checks.as_mut().expect("held"));
+    assert_eq!(held.len(), 1);
+    // Allowed: the cache starts it (its answer still in the cache's inbox), and the requests
+    // behind it are taken: the cancel, then the second create, which etcd refuses.
+    w.s.handle_permission(w.now, held[0], Permission::Allowed);
+    w.outputs();
+    let held = w.held_checks.take().expect("held");
+    assert_eq!(held.len(), 1, "the second create's check");
+    w.s.handle_permission(w.now, held[0], Permission::Denied(PERMISSION_DENIED.into()));
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 0, canceled: false },
+            Seen::Canceled { id: 0, compact: 0 },
+            Seen::Created { id: -1, canceled: true },
+        ]
+    );
+}
+
 /// With permissions checked, a create etcd could not be asked about (etcd down: the check
 /// fails, and so does the relay through which etcd would decide) is neither announced nor
 /// served from the cache: it waits, and the requests behind it with it, until etcd decides,
