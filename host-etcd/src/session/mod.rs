@@ -321,6 +321,8 @@ pub enum TimerReason {
     Resume,
     /// etcd has not answered a create: the session announces the watch itself.
     AnnounceCreate,
+    /// A permission etcd could not be asked for is asked again.
+    Permission,
 }
 
 /// What the session knows of a cache: its prefix (for routing) and its last status.
@@ -430,6 +432,19 @@ enum Announce {
     Cancel(i64),
 }
 
+/// A create etcd's watch store refuses, whose permission etcd has yet to decide.
+struct Rejecting {
+    /// The permission check out, if one is.
+    token: Option<u64>,
+    /// The refusal it gets if the client may read the range.
+    reason: &'static str,
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+    /// etcd could not be asked: when to ask again.
+    retry_at: Option<Timestamp>,
+    failures: u32,
+}
+
 struct Query {
     started: Timestamp,
     /// The caches asked, by the token of their question.
@@ -467,9 +482,8 @@ pub struct WatchSession {
     /// The last create whose outcome (an id, or a refusal that takes none) was not yet known
     /// when it was taken.
     undecided: Option<i64>,
-    /// A create refused for its range or id, waiting for its permission check (the token and
-    /// the refusal it gets if the client may read the range).
-    rejecting: Option<(u64, &'static str)>,
+    /// A create refused for its range or id, waiting for its permission check.
+    rejecting: Option<Rejecting>,
     /// etcd took the client's token on this stream (a permission allowed, a relay created).
     token_taken: bool,
     /// etcd broke the caches' own streams since this one opened (`handle_upstream_outage`).
@@ -699,12 +713,22 @@ impl WatchSession {
             Permission::Denied(reason) if self.token_forgotten(reason) => return,
             _ => {}
         }
-        if let Some((_, reason)) = self.rejecting.filter(|(t, _)| *t == token) {
-            self.rejecting = None;
+        if let Some(r) = self.rejecting.as_mut().filter(|r| r.token == Some(token)) {
+            r.token = None;
+            let reason = r.reason;
             match decision {
+                Permission::Unknown => {
+                    // etcd could not be asked: nothing is answered before it decides (it may
+                    // refuse for permission); asked again after a backoff.
+                    let (min, max) = (self.cfg.backoff_min_ms, self.cfg.backoff_max_ms);
+                    r.retry_at = Some(now.add_ms((min << r.failures.min(10)).min(max)));
+                    r.failures += 1;
+                    return;
+                }
                 Permission::Denied(denied) => self.reject_create(-1, &denied),
-                Permission::Allowed | Permission::Unknown => self.reject_create(-1, reason),
+                Permission::Allowed => self.reject_create(-1, reason),
             }
+            self.rejecting = None;
             return self.take_requests();
         }
         let Some(id) = self.by_permission.remove(&token) else { return };
@@ -764,6 +788,9 @@ impl WatchSession {
                 Source::RelayOpening { .. } => self.announce_self(id),
                 _ => {}
             }
+        }
+        if self.rejecting.as_ref().and_then(|r| r.retry_at).is_some_and(|t| t <= now) {
+            self.ask_rejecting();
         }
         let retry_relays = self.cfg.progress_retry_ms * 3;
         if let Some(q) = self.query.as_mut().filter(|q| q.started.add_ms(retry_relays) <= now) {
@@ -829,6 +856,9 @@ impl WatchSession {
         }
         if let Some(t) = self.progress_retry_at {
             consider(t, TimerReason::ProgressRetry);
+        }
+        if let Some(t) = self.rejecting.as_ref().and_then(|r| r.retry_at) {
+            consider(t, TimerReason::Permission);
         }
         if let Some(q) = &self.query {
             consider(q.started.add_ms(self.cfg.progress_retry_ms * 3), TimerReason::ProgressRetry);
@@ -943,8 +973,18 @@ impl WatchSession {
         if !self.cfg.check_permissions {
             return self.reject_create(-1, reason);
         }
+        let rejecting =
+            Rejecting { token: None, reason, key, range_end, retry_at: None, failures: 0 };
+        self.rejecting = Some(rejecting);
+        self.ask_rejecting();
+    }
+
+    /// Asks etcd the permission for the create being refused.
+    fn ask_rejecting(&mut self) {
         let token = self.next_token();
-        self.rejecting = Some((token, reason));
+        let Some(r) = self.rejecting.as_mut() else { return };
+        (r.token, r.retry_at) = (Some(token), None);
+        let (key, range_end) = (r.key.clone(), r.range_end.clone());
         self.outputs.push_back(SessionOutput::CheckPermission { token, key, range_end });
     }
 

@@ -818,6 +818,34 @@ fn a_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
     assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
 }
 
+/// The same for a create etcd's watch store would refuse (a duplicate id): etcd asks the
+/// permission first, so nothing is answered before it can, and a client that may not read
+/// the range hears "permission denied" (it heard the id's refusal at once before).
+#[test]
+fn a_malformed_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
+    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    w.create(PREFIX, "/registry0", 0, 7);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 7, canceled: false }]);
+    w.unknown_checks = true;
+    w.create(PREFIX, "/registry0", 0, 7);
+    w.cancel_id(7);
+    w.pump();
+    w.advance(10_000);
+    assert!(w.take().is_empty(), "nothing is said before etcd decides");
+    assert!(!w.s.takes_requests(), "requests wait behind the undecided create");
+    w.unknown_checks = false;
+    w.deny = Some(PERMISSION_DENIED.into());
+    w.advance(10_000);
+    assert_eq!(
+        w.take(),
+        vec![Seen::Created { id: -1, canceled: true }, Seen::Canceled { id: 7, compact: 0 }],
+        "etcd's refusal, then the cancel taken after it"
+    );
+    assert_eq!(w.reasons, vec![PERMISSION_DENIED, ""]);
+    assert!(w.s.takes_requests());
+}
+
 const PERMISSION_DENIED: &str =
     "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
 
