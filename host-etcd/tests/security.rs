@@ -62,7 +62,9 @@ async fn start_as_root(etcd: &host_etcd::EmbeddedEtcd, prefixes: &[&str]) -> hos
 
 /// Auth turned on through the cache counts at once: the next cached read is checked with
 /// etcd, and refused as etcd refuses it. Before, auth counted as off until the cache read
-/// etcd's state again, 20 ms after the call's answer and a round trip later.
+/// etcd's state again, 20 ms after the call's answer and a round trip later; and through
+/// etcd's JSON gateway on the same port (HTTP/1, spliced to etcd), until the next
+/// `AuthStatus`, up to 10 s later. Rounds 0–2 turn it on over gRPC, 3–5 through the gateway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_turned_on_through_the_cache_counts_at_once() {
     let etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
@@ -79,17 +81,20 @@ async fn auth_turned_on_through_the_cache_counts_at_once() {
     // etcd for its revision first, as the cache's user).
     let serializable = || Some(GetOptions::new().with_serializable());
     assert_eq!(norm(cached.get("/b/1", serializable()).await), Ok(()), "auth is off");
-    for round in 0..3 {
-        cached.auth_enable().await.expect("auth on");
+    let grpc = server.grpc_addr().to_string();
+    for round in 0..6 {
+        if round < 3 {
+            cached.auth_enable().await.expect("auth on");
+        } else {
+            let (status, body) = support::http1(&grpc, "POST", "/v3/auth/enable", "{}").await;
+            assert_eq!(status, 200, "the gateway's AuthEnable: {body}");
+        }
         let got = norm(cached.get("/b/1", serializable()).await);
         let direct = norm(admin.get("/b/1", serializable()).await);
         assert!(direct.is_err(), "etcd refuses a client without a token");
         assert_eq!(got, direct, "round {round}: right after AuthEnable");
-        let mut root = support::connect(
-            &server.grpc_addr().to_string(),
-            Some(ConnectOptions::new().with_user("root", "rootpw")),
-        )
-        .await;
+        let root_opts = ConnectOptions::new().with_user("root", "rootpw");
+        let mut root = support::connect(&grpc, Some(root_opts)).await;
         root.auth_disable().await.expect("auth off");
         tokio::time::sleep(Duration::from_millis(200)).await;
         let got = norm(cached.get("/b/1", serializable()).await);

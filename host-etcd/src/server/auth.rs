@@ -212,6 +212,29 @@ impl AuthChecker {
     }
 }
 
+/// An auth call (auth turned on or off, users, roles, grants) passed through the cache and
+/// etcd answered it: auth counts as on at once, every decision is dropped, and etcd's state
+/// is read again shortly (20 ms: etcd has applied it by then).
+pub(crate) fn auth_call_answered(auth: &Arc<AuthChecker>) {
+    auth.note_auth_change();
+    let auth = auth.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        auth.refresh().await;
+        auth.invalidate();
+    });
+}
+
+/// Whether HTTP request bytes name a call of etcd's auth service (the gateway's
+/// `/v3/auth/...`, `/v3beta/auth/...`): a request line, or any bytes that look like one, which
+/// only costs checks that were not needed.
+pub(crate) fn names_auth_call(bytes: &[u8]) -> bool {
+    bytes.windows(AUTH_PATH.len()).any(|w| w == AUTH_PATH)
+}
+
+/// The part of an auth call's path that [`names_auth_call`] looks for.
+pub(crate) const AUTH_PATH: &[u8] = b"/auth/";
+
 /// The watch sessions ask the checker before serving a cached watch.
 pub(crate) struct AuthPermissions(pub std::sync::Arc<AuthChecker>);
 

@@ -79,13 +79,7 @@ fn after_success(ctx: &Arc<Ctx>, path: &str) {
         return;
     }
     // At once, before the client hears etcd's answer: a read right after an AuthEnable
-    // through the cache is checked (it was served unchecked until the refresh below).
-    ctx.auth.note_auth_change();
-    let ctx = ctx.clone();
-    tokio::spawn(async move {
-        // Let etcd apply it, then read the state (gRPC answers are 200 even on error).
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        ctx.auth.refresh().await;
-        ctx.auth.invalidate();
-    });
+    // through the cache is checked (it was served unchecked until etcd's state was read
+    // again). gRPC answers are 200 even on error: the state is read again either way.
+    crate::server::auth::auth_call_answered(&ctx.auth);
 }

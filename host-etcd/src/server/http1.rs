@@ -14,18 +14,73 @@
 //! server as HTTP/1.1, one connection each ([`EtcdHttp::request`]): etcd's plain-text port,
 //! which watchcache may be using, would hand HTTP/2 to its gRPC server.
 //!
+//! Auth calls through the gateway (`/v3/auth/enable`, a grant, ...) change what the cache may
+//! serve, as they do through gRPC (`forward.rs`): the bytes the client sends etcd are watched
+//! for such a path, which makes auth count as on at once, and etcd's state is read again once
+//! etcd has answered.
+//!
 //! etcd counterpart: `server/embed/serve.go` (`serveCtx.serve`: `cmux` with the `HTTP2()`
 //! matcher for gRPC and `Any()` for the HTTP mux and the gateway; `grpcHandlerFunc` over TLS).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::debug;
 
+use crate::server::auth::{auth_call_answered, names_auth_call, AuthChecker, AUTH_PATH};
 use crate::upstream::UpstreamConfig;
+
+/// Splices a client's HTTP/1 connection to etcd, as `copy_bidirectional` does, watching the
+/// client's bytes for auth calls: one makes auth count as on before etcd sees it, and once
+/// etcd's next bytes reach the client (its answer), etcd's state is read again.
+async fn splice_watching_auth<C, E>(
+    client: C,
+    etcd: E,
+    auth: &Arc<AuthChecker>,
+) -> std::io::Result<()>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    E: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut client_r, mut client_w) = tokio::io::split(client);
+    let (mut etcd_r, mut etcd_w) = tokio::io::split(etcd);
+    let answer_pending = AtomicBool::new(false);
+    let up = async {
+        let mut buf = vec![0u8; 16 << 10];
+        // The last bytes of the previous read: a path cut between two reads is still seen.
+        let mut seen: Vec<u8> = Vec::new();
+        loop {
+            let n = client_r.read(&mut buf).await?;
+            if n == 0 {
+                return etcd_w.shutdown().await;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if names_auth_call(&seen) {
+                auth.note_auth_change();
+                answer_pending.store(true, Ordering::SeqCst);
+            }
+            seen.drain(..seen.len().saturating_sub(AUTH_PATH.len() - 1));
+            etcd_w.write_all(&buf[..n]).await?;
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let n = etcd_r.read(&mut buf).await?;
+            if n == 0 {
+                return client_w.shutdown().await;
+            }
+            client_w.write_all(&buf[..n]).await?;
+            if answer_pending.swap(false, Ordering::SeqCst) {
+                auth_call_answered(auth);
+            }
+        }
+    };
+    tokio::try_join!(up, down).map(|_| ())
+}
 
 /// HTTP/2's connection preface starts with these bytes (RFC 9113, 3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
@@ -102,6 +157,8 @@ pub(crate) struct EtcdHttp {
     endpoints: Vec<Endpoint>,
     tls: Option<tokio_rustls::TlsConnector>,
     next: AtomicUsize,
+    /// Told of auth calls passing through.
+    auth: Option<Arc<AuthChecker>>,
 }
 
 impl EtcdHttp {
@@ -127,7 +184,7 @@ impl EtcdHttp {
             Some(t) => Some(super::tls::etcd_connector(t)?),
             None => None,
         };
-        Ok(EtcdHttp { endpoints, tls, next: AtomicUsize::new(0) })
+        Ok(EtcdHttp { endpoints, tls, next: AtomicUsize::new(0), auth: None })
     }
 
     /// Splices `client` to an etcd endpoint until either side closes, or the server stops (as
@@ -141,11 +198,20 @@ impl EtcdHttp {
         tokio::select! {
             _ = async {
                 if let Some(mut etcd) = self.connect().await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut etcd).await;
+                    let _ = match &self.auth {
+                        None => tokio::io::copy_bidirectional(&mut client, &mut etcd).await.map(|_| ()),
+                        Some(auth) => splice_watching_auth(client, etcd, auth).await,
+                    };
                 }
             } => {}
             _ = stop.changed() => {}
         }
+    }
+
+    /// Tells `auth` of the auth calls that pass through ([`auth_call_answered`]).
+    pub(crate) fn with_auth(mut self, auth: Arc<AuthChecker>) -> EtcdHttp {
+        self.auth = Some(auth);
+        self
     }
 
     /// One HTTP/2 request that is not gRPC, from a client over TLS, sent to etcd's HTTP server
@@ -181,10 +247,17 @@ impl EtcdHttp {
             .map_or(http::Uri::from_static("/"), |p| http::Uri::from(p.clone()));
         parts.version = http::Version::HTTP_11;
         drop_per_connection(&mut parts.headers);
+        let auth = self.auth.as_ref().filter(|_| names_auth_call(parts.uri.path().as_bytes()));
+        if let Some(a) = auth {
+            a.note_auth_change();
+        }
         let resp = match sender.send_request(http::Request::from_parts(parts, body)).await {
             Ok(r) => r,
             Err(e) => return bad_gateway(&format!("HTTP/1 to etcd: {e}")),
         };
+        if let Some(a) = auth {
+            auth_call_answered(a);
+        }
         let (mut parts, body) = resp.into_parts();
         drop_per_connection(&mut parts.headers);
         http::Response::from_parts(parts, axum::body::Body::new(body))

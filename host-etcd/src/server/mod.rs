@@ -219,7 +219,7 @@ impl Server {
             .map_err(|e| format!("listening for gRPC on {}: {e}", cfg.listen_grpc))?;
         let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
         // etcd's HTTP server, for what is not gRPC (`http1.rs`).
-        let etcd_http = Arc::new(http1::EtcdHttp::new(&cfg.upstream)?);
+        let etcd_http = Arc::new(http1::EtcdHttp::new(&cfg.upstream)?.with_auth(ctx.auth.clone()));
         let router = {
             let (c1, c2, c3, c4) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
             axum::Router::new()
