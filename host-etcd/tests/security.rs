@@ -52,6 +52,22 @@ async fn enable_auth(etcd: &host_etcd::EmbeddedEtcd, readable: &[&str]) {
     admin.auth_enable().await.expect("auth on");
 }
 
+/// alice's token, from `endpoint` (etcd, or watchcache, which passes Authenticate on).
+async fn alice_token(endpoint: &str) -> String {
+    let c = support::connect(endpoint, None).await;
+    let r = c.auth_client().authenticate("alice".into(), "alicepw".into()).await;
+    r.expect("authenticate").token().to_owned()
+}
+
+/// A raw Watch stream on `grpc` with alice's token, opened with a progress request (which a
+/// stream without watches never gets answered, over etcd neither).
+async fn alice_raw_stream(grpc: &str) -> support::RawWatch {
+    let progress = PbWatchRequest {
+        request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+    };
+    support::RawWatch::open(grpc, Some(("token", alice_token(grpc).await)), progress).await
+}
+
 /// Starts watchcache on `prefixes` as root (not waiting for its caches).
 async fn start_as_root(etcd: &host_etcd::EmbeddedEtcd, prefixes: &[&str]) -> host_etcd::Server {
     let mut cfg = support::test_config(etcd);
@@ -121,14 +137,8 @@ async fn until_etcd_says_auth_is_off_cached_reads_are_checked() {
     let checker = AuthChecker::new(upstream, Duration::from_secs(5), Default::default());
     checker.refresh().await; // etcd is down: no answer
     etcd.restart(EtcdOptions::default()).await.expect("etcd restarts");
-    let token = support::connect(&etcd.endpoint(), None)
-        .await
-        .auth_client()
-        .authenticate("alice".into(), "alicepw".into())
-        .await
-        .expect("authenticate");
     let mut md = tonic::metadata::MetadataMap::new();
-    md.insert("token", token.token().parse().expect("token"));
+    md.insert("token", alice_token(&etcd.endpoint()).await.parse().expect("token"));
     let refused = checker.check(&md, b"/b/1", b"").await;
     assert_eq!(refused.map_err(|s| s.code()), Err(tonic::Code::PermissionDenied));
     assert!(checker.check(&md, b"/a/1", b"").await.is_ok(), "alice may read /a/");
@@ -318,19 +328,8 @@ async fn with_etcd_down_a_create_it_cannot_decide_gets_no_answer_and_no_events()
     admin.put("/b/2", "secret", None).await.expect("put");
     let server = with_auth(&etcd, &["/a/"], &["/"]).await;
     let grpc = server.grpc_addr().to_string();
-    let token = support::connect(&grpc, None)
-        .await
-        .auth_client()
-        .authenticate("alice".into(), "alicepw".into())
-        .await
-        .expect("authenticate");
-    // Opened while etcd is up; a progress request on a stream without watches gets no answer
-    // (etcd's neither).
-    let progress = PbWatchRequest {
-        request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
-    };
-    let token = Some(("token", token.token().into()));
-    let mut s = support::RawWatch::open(&grpc, token, progress).await;
+    // Opened while etcd is up.
+    let mut s = alice_raw_stream(&grpc).await;
 
     etcd.kill().await;
     // From the first revision: the cache's window holds every secret.
@@ -396,17 +395,7 @@ async fn with_auth_on_expired_tokens_and_an_etcd_restart_lose_no_watch_and_no_re
         if round == 3 {
             // A stream that has only asked for progress when etcd restarts: etcd never took
             // its token on it before forgetting it.
-            let c = support::connect(&grpc, None).await;
-            let token = c
-                .auth_client()
-                .authenticate("alice".into(), "alicepw".into())
-                .await
-                .expect("authenticate");
-            let progress = PbWatchRequest {
-                request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
-            };
-            let token = Some(("token", token.token().into()));
-            idle = Some(support::RawWatch::open(&grpc, token, progress).await);
+            idle = Some(alice_raw_stream(&grpc).await);
         }
         let mut admin = match round {
             1 => {
