@@ -608,6 +608,12 @@ impl WatchSession {
         self.cfg.check_permissions && !w.permitted
     }
 
+    /// Whether the session may answer `created` for the watch itself, should etcd not answer
+    /// in time: not yet announced, and not waiting for etcd's permission.
+    fn may_announce_self(&self, w: &Watch) -> bool {
+        !w.announced && w.created.is_none() && !self.awaits_permission(w)
+    }
+
     fn take_request(&mut self, req: PbWatchRequest) {
         match req.request_union {
             Some(PbWatchRequestUnion::CreateRequest(c)) => {
@@ -713,15 +719,18 @@ impl WatchSession {
             Permission::Denied(reason) if self.token_forgotten(reason) => return,
             _ => {}
         }
-        if let Some(r) = self.rejecting.as_mut().filter(|r| r.token == Some(token)) {
+        if let Some(failures) =
+            self.rejecting.as_ref().filter(|r| r.token == Some(token)).map(|r| r.failures)
+        {
+            let retry_at = now.add_ms(self.backoff_ms(failures));
+            let Some(r) = self.rejecting.as_mut() else { return };
             r.token = None;
             let reason = r.reason;
             match decision {
                 Permission::Unknown => {
                     // etcd could not be asked: nothing is answered before it decides (it may
                     // refuse for permission); asked again after a backoff.
-                    let (min, max) = (self.cfg.backoff_min_ms, self.cfg.backoff_max_ms);
-                    r.retry_at = Some(now.add_ms((min << r.failures.min(10)).min(max)));
+                    r.retry_at = Some(retry_at);
                     r.failures += 1;
                     return;
                 }
@@ -772,9 +781,7 @@ impl WatchSession {
             .filter_map(|(id, w)| match w.source {
                 Source::Waiting { until } if until <= now => Some((*id, w.source)),
                 Source::RelayOpening { since, .. }
-                    if !w.announced
-                        && w.created.is_none()
-                        && !self.awaits_permission(w)
+                    if self.may_announce_self(w)
                         && since.add_ms(self.cfg.upstream_create_wait_ms) <= now =>
                 {
                     Some((*id, w.source))
@@ -867,14 +874,10 @@ impl WatchSession {
         for w in self.watches.values() {
             match w.source {
                 Source::Waiting { until } => consider(until, TimerReason::Resume),
-                Source::RelayOpening { since, .. }
-                    if !w.announced && w.created.is_none() && !self.awaits_permission(w) =>
-                {
-                    consider(
-                        since.add_ms(self.cfg.upstream_create_wait_ms),
-                        TimerReason::AnnounceCreate,
-                    )
-                }
+                Source::RelayOpening { since, .. } if self.may_announce_self(w) => consider(
+                    since.add_ms(self.cfg.upstream_create_wait_ms),
+                    TimerReason::AnnounceCreate,
+                ),
                 Source::Relay { .. } if w.cache.is_some() => rejoin = true,
                 _ => {}
             }
@@ -1295,11 +1298,16 @@ impl WatchSession {
         self.open_relay(id);
     }
 
+    /// The wait before the next try after `failures` failed ones (doubling, capped).
+    fn backoff_ms(&self, failures: u32) -> u64 {
+        (self.cfg.backoff_min_ms << failures.min(10)).min(self.cfg.backoff_max_ms)
+    }
+
     fn backoff(&mut self, id: i64) {
         let now = self.now;
-        let (min, max) = (self.cfg.backoff_min_ms, self.cfg.backoff_max_ms);
+        let Some(failures) = self.watches.get(&id).map(|w| w.failures) else { return };
+        let delay = self.backoff_ms(failures);
         let Some(w) = self.watches.get_mut(&id) else { return };
-        let delay = (min << w.failures.min(10)).min(max);
         w.failures += 1;
         w.source = Source::Waiting { until: now.add_ms(delay) };
         self.invalidate_query(id);
@@ -1605,7 +1613,7 @@ impl WatchSession {
             let r = PbWatchResponse { cancel_reason: reason, ..Default::default() };
             return self.refuse(id, r);
         }
-        if !w.announced && w.created.is_none() && !self.awaits_permission(w) {
+        if self.may_announce_self(w) {
             // etcd is unreachable: clients of etcd would wait; the watch is announced and its
             // relay tried again until etcd is back. One whose permission etcd has yet to give
             // waits unannounced: etcd may refuse it.

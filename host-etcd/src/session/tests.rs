@@ -343,6 +343,11 @@ impl World {
         }
     }
 
+    /// A world whose session checks permissions (auth on).
+    fn checked() -> World {
+        World::new(SessionConfig { check_permissions: true, ..World::cfg() })
+    }
+
     fn cfg() -> SessionConfig {
         SessionConfig { create_wait_ms: 0, ..SessionConfig::default() }
     }
@@ -679,7 +684,7 @@ fn a_watch_canceled_as_compacted_keeps_its_id_until_the_client_cancels_it() {
 /// a create before it reads on), so the next create gets the id the refused one would have.
 #[test]
 fn a_refused_create_takes_no_id_and_the_next_requests_wait_for_its_outcome() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.held_checks = Some(Vec::new());
     w.watch_prefix(0);
     w.watch_prefix(0);
@@ -709,7 +714,7 @@ fn a_refused_create_takes_no_id_and_the_next_requests_wait_for_its_outcome() {
 /// refusal for an empty range or a duplicate id too, and one that may gets etcd's own words.
 #[test]
 fn with_permissions_checked_a_malformed_create_is_refused_for_permission_first() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.create(PREFIX, "/registry0", 0, 7);
     w.pump();
     assert_eq!(w.take(), vec![Seen::Created { id: 7, canceled: false }]);
@@ -745,7 +750,7 @@ fn with_permissions_checked_a_malformed_create_is_refused_for_permission_first()
 /// answer to a create sent after the cancel (it came after that answer before).
 #[test]
 fn a_cancel_before_a_create_is_answered_before_that_creates_answer() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.held_checks = Some(Vec::new());
     w.watch_prefix(0);
     w.cancel_id(0);
@@ -778,7 +783,7 @@ fn a_cancel_before_a_create_is_answered_before_that_creates_answer() {
 /// and was then served from the cache.
 #[test]
 fn a_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.etcd.go_down();
     w.unknown_checks = true;
     w.create("/registry/a1", "", 0, 0);
@@ -803,7 +808,7 @@ fn a_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
     assert_eq!(w.reasons, vec![PERMISSION_DENIED]);
     assert!(seen[2..].iter().all(|s| !matches!(s, Seen::Events { id, .. } if *id != 0)));
     // Allowed once etcd is back: served as any permitted watch.
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.etcd.go_down();
     w.unknown_checks = true;
     w.create("/registry/a1", "", 0, 0);
@@ -823,7 +828,7 @@ fn a_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
 /// the range hears "permission denied" (it heard the id's refusal at once before).
 #[test]
 fn a_malformed_create_whose_permission_etcd_could_not_decide_waits_for_etcd() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.create(PREFIX, "/registry0", 0, 7);
     w.pump();
     assert_eq!(w.take(), vec![Seen::Created { id: 7, canceled: false }]);
@@ -858,7 +863,7 @@ const INVALID_TOKEN: &str =
 /// stream ends as a broken one does, and the client comes back with a fresh token.
 #[test]
 fn a_token_etcd_forgot_after_taking_it_ends_the_stream() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.watch_prefix(0);
     w.pump();
     assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
@@ -868,7 +873,7 @@ fn a_token_etcd_forgot_after_taking_it_ends_the_stream() {
     assert!(w.take().is_empty(), "no refusal: the stream ends");
     assert!(w.ended.is_some(), "the stream ends");
     // A relayed create refused by etcd for the same reason ends the stream too.
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.watch_prefix(0);
     w.pump();
     w.take();
@@ -883,7 +888,7 @@ fn a_token_etcd_forgot_after_taking_it_ends_the_stream() {
 /// canceled and the stream goes on.
 #[test]
 fn a_token_never_taken_is_refused_as_etcd_refuses_it() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.deny = Some(INVALID_TOKEN.into());
     w.watch_prefix(0);
     w.pump();
@@ -897,7 +902,7 @@ fn a_token_never_taken_is_refused_as_etcd_refuses_it() {
 /// robustness suite: a stream that had only asked for progress when etcd restarted).
 #[test]
 fn after_an_outage_the_stream_outlived_a_token_refused_as_unknown_ends_it() {
-    let mut w = World::new(SessionConfig { check_permissions: true, ..World::cfg() });
+    let mut w = World::checked();
     w.deny = Some(INVALID_TOKEN.into());
     w.s.handle_upstream_outage();
     w.watch_prefix(0);

@@ -697,10 +697,10 @@ func (c *checker) cancels(v *view, evs []got, from int64) {
 // nothing of the range before or after.
 func (c *checker) denied(v *view, d *record.Denied) {
 	why := fmt.Sprintf("user %q may not read [%q, %q)", v.st.User, d.Key, d.End)
+	c.rep.Figures.DeniedCreates++
 	refused := false
 	for _, r := range v.resps {
 		if len(r.Events) > 0 {
-			c.rep.Figures.DeniedCreates++
 			c.watchViolation(v, Permission, r.Events[0].Rev(), r, fmt.Sprintf("watch record %d: %d events delivered on a watch etcd refuses (%s)", v.rec.ID, len(r.Events), why),
 				"response "+r.Describe(4, nil))
 			return
@@ -709,7 +709,6 @@ func (c *checker) denied(v *view, d *record.Denied) {
 			refused = true
 		}
 	}
-	c.rep.Figures.DeniedCreates++
 	if refused {
 		c.rep.Figures.DeniedRefused++
 	}
