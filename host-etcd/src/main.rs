@@ -147,6 +147,11 @@ struct ServeArgs {
     /// Only accept gRPC clients with a certificate from this CA (PEM).
     #[arg(long, requires = "cert_file")]
     client_ca_file: Option<PathBuf>,
+    /// How long the start waits for etcd to answer (a refused connection, etcd starting or
+    /// without a leader) before watchcache exits; 0s: as long as it takes. Other failures
+    /// (TLS material, credentials) end it at once.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    etcd_start_timeout: std::time::Duration,
     /// How long an etcd permission decision is reused for cached reads.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     auth_cache_ttl: std::time::Duration,
@@ -194,6 +199,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, String> {
     cfg.cache.reflector.backfill_revisions = a.backfill_revisions;
     cfg.cache.freshness = host_etcd::config::Freshness::parse(&a.freshness)?;
     cfg.auth_cache_ttl = a.auth_cache_ttl;
+    cfg.etcd_start_timeout = Some(a.etcd_start_timeout).filter(|t| !t.is_zero());
     cfg.web_dir = Some(a.web_dir.clone());
     cfg.upstream.endpoints = a.etcd_endpoints.clone();
     if a.etcd_cacert.is_some() || a.etcd_cert.is_some() {

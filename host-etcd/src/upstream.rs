@@ -65,6 +65,35 @@ impl UpstreamConfig {
     }
 }
 
+/// Why connecting to etcd failed, and whether it may work later.
+struct ConnectFailure {
+    message: String,
+    /// etcd did not answer (a refused or broken connection, etcd starting or without a
+    /// leader), rather than refused what it was asked or the configuration being wrong.
+    unreachable: bool,
+}
+
+impl ConnectFailure {
+    fn fatal(message: String) -> ConnectFailure {
+        ConnectFailure { message, unreachable: false }
+    }
+
+    fn of(what: String, e: etcd_client::Error) -> ConnectFailure {
+        // A certificate etcd or watchcache refuses is configuration, whatever the error's kind.
+        let certificate = format!("{e:?}").to_ascii_lowercase().contains("certificate");
+        let unreachable = !certificate
+            && match &e {
+                etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+                etcd_client::Error::GRpcStatus(s) => matches!(
+                    s.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+                ),
+                _ => false,
+            };
+        ConnectFailure { message: format!("{what}: {e}"), unreachable }
+    }
+}
+
 /// The connection to etcd.
 #[derive(Clone)]
 pub struct Upstream {
@@ -191,8 +220,43 @@ impl Upstream {
 
     /// Connects (lazily for the raw channel; the client checks that etcd answers).
     pub async fn connect(cfg: &UpstreamConfig) -> Result<Upstream, String> {
+        Upstream::try_connect(cfg).await.map_err(|f| f.message)
+    }
+
+    /// Connects as [`Upstream::connect`] does, trying again while etcd cannot be reached (a
+    /// refused connection, etcd starting or without a leader), for at most `wait` (`None`:
+    /// until it answers), with a warning per attempt: a cache started beside etcd, or during
+    /// an outage, comes up with it instead of exiting. Any other failure (a bad endpoint, TLS
+    /// material, refused credentials) ends it at once.
+    pub async fn connect_waiting(
+        cfg: &UpstreamConfig,
+        wait: Option<Duration>,
+    ) -> Result<Upstream, String> {
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let failure = match Upstream::try_connect(cfg).await {
+                Ok(u) => return Ok(u),
+                Err(f) => f,
+            };
+            let waited = started.elapsed();
+            if !failure.unreachable || wait.is_some_and(|w| waited + pause > w) {
+                return Err(failure.message);
+            }
+            tracing::warn!(
+                error = %failure.message,
+                waited_ms = waited.as_millis() as u64,
+                "etcd cannot be reached yet; trying again in {} ms",
+                pause.as_millis()
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn try_connect(cfg: &UpstreamConfig) -> Result<Upstream, ConnectFailure> {
         if cfg.endpoints.is_empty() {
-            return Err("no etcd endpoints".into());
+            return Err(ConnectFailure::fatal("no etcd endpoints".into()));
         }
         let urls = cfg.urls();
         let mut opts = ConnectOptions::new()
@@ -219,19 +283,22 @@ impl Upstream {
             // are (its watches, which etcd refuses by a cancel, see `refresh_tokens`).
             opts = opts.with_user(u.clone(), p.clone()).with_auto_token_refresh(true);
         }
-        let mut client = etcd_client::Client::connect(&urls, Some(opts.clone()))
-            .await
-            .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
+        let mut client =
+            etcd_client::Client::connect(&urls, Some(opts.clone())).await.map_err(|e| {
+                ConnectFailure::of(format!("connecting to etcd at {}", urls.join(",")), e)
+            })?;
         let mut endpoints = Vec::new();
         for u in &urls {
             let mut ep = Endpoint::from_shared(u.clone())
-                .map_err(|e| format!("bad etcd endpoint {u}: {e}"))?
+                .map_err(|e| ConnectFailure::fatal(format!("bad etcd endpoint {u}: {e}")))?
                 .connect_timeout(Duration::from_secs(5))
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_while_idle(true)
                 .initial_connection_window_size(MAX_WINDOW);
             if let Some(c) = &tls_cfg {
-                ep = ep.tls_config(c.clone()).map_err(|e| format!("etcd TLS: {e}"))?;
+                ep = ep
+                    .tls_config(c.clone())
+                    .map_err(|e| ConnectFailure::fatal(format!("etcd TLS: {e}")))?;
             }
             endpoints.push(ep);
         }
@@ -247,8 +314,9 @@ impl Upstream {
             Some(opts.with_require_leader(true)),
         )
         .await
-        .map_err(|e| format!("connecting to etcd at {}: {e}", urls.join(",")))?;
-        let status = client.status().await.map_err(|e| format!("etcd status: {e}"))?;
+        .map_err(|e| ConnectFailure::of(format!("connecting to etcd at {}", urls.join(",")), e))?;
+        let status =
+            client.status().await.map_err(|e| ConnectFailure::of("etcd status".into(), e))?;
         let mut header = PbResponseHeader::default();
         if let Some(h) = status.header() {
             header.cluster_id = h.cluster_id();
@@ -598,5 +666,24 @@ impl UpWatchRx {
                 Err(e) => Err(Status::unavailable(e.to_string())),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_waits_out_an_etcd_that_does_not_answer_but_not_a_refusal() {
+        let grpc = |code, msg: &str| etcd_client::Error::GRpcStatus(Status::new(code, msg));
+        let waits = |e| ConnectFailure::of("etcd status".into(), e).unreachable;
+        assert!(waits(grpc(tonic::Code::Unavailable, "tcp connect error")));
+        assert!(waits(grpc(tonic::Code::Unavailable, "etcdserver: leader changed")));
+        assert!(waits(grpc(tonic::Code::DeadlineExceeded, "context deadline exceeded")));
+        assert!(waits(etcd_client::Error::IoError(std::io::ErrorKind::ConnectionRefused.into())));
+        let bad_password = "etcdserver: authentication failed, invalid user ID or password";
+        assert!(!waits(grpc(tonic::Code::InvalidArgument, bad_password)));
+        assert!(!waits(grpc(tonic::Code::Unavailable, "invalid peer certificate: UnknownIssuer")));
+        assert!(!waits(etcd_client::Error::InvalidArgs("no endpoints".into())));
     }
 }

@@ -163,3 +163,37 @@ async fn a_restart_after_a_compaction_starts_the_window_at_it() {
     // The history watch canceled at S = 1, then one from C + 1: two watches, one list.
     assert_eq!((m.upstream_requests("list"), m.upstream_requests("watch")), (1, 2));
 }
+
+/// A watchcache started while etcd is down (started beside it, or restarted during an outage)
+/// waits for etcd instead of exiting, and serves once etcd answers; with a start timeout it
+/// gives up with etcd's error after that time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_while_etcd_is_down_waits_for_etcd() {
+    let mut etcd = host_etcd::EmbeddedEtcd::start(EtcdOptions::default()).await.expect("etcd");
+    let last = put(&mut support::connect(&etcd.endpoint(), None).await, "/w/1", "one").await;
+    etcd.kill().await;
+    let mut cfg = support::test_config(&etcd);
+
+    cfg.etcd_start_timeout = Some(Duration::from_millis(700));
+    let t = std::time::Instant::now();
+    let gave_up = Server::start(cfg.clone()).await.map(|_| ());
+    assert!(matches!(&gave_up, Err(e) if e.contains("etcd")), "{gave_up:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "gave up after {:?}", t.elapsed());
+
+    cfg.etcd_start_timeout = None;
+    let starting = tokio::spawn(Server::start(cfg));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!starting.is_finished(), "the start waits while etcd is down");
+    etcd.restart(EtcdOptions::default()).await.expect("etcd restarts");
+    let server = tokio::time::timeout(Duration::from_secs(20), starting)
+        .await
+        .expect("started within 20 s of etcd's return")
+        .expect("task")
+        .expect("started");
+    assert!(server.wait_ready(Duration::from_secs(10)).await, "cache not ready");
+    let mut cached = support::connect(&server.grpc_addr().to_string(), None).await;
+    let got = cached.get("/w/1", None).await.expect("get");
+    assert_eq!(got.kvs().first().map(|kv| kv.value()), Some(&b"one"[..]));
+    assert!(got.header().expect("header").revision() >= last);
+    server.shutdown().await;
+}

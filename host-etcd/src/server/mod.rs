@@ -81,6 +81,9 @@ pub struct ServeConfig {
     pub auth_cache_ttl: Duration,
     /// The web demo's files, served over HTTP when the directory exists.
     pub web_dir: Option<PathBuf>,
+    /// How long [`Server::start`] waits for etcd to answer before it gives up (`None`: as
+    /// long as it takes; see [`Upstream::connect_waiting`]).
+    pub etcd_start_timeout: Option<Duration>,
 }
 
 impl Default for ServeConfig {
@@ -94,6 +97,7 @@ impl Default for ServeConfig {
             tls: None,
             auth_cache_ttl: Duration::from_secs(5),
             web_dir: None,
+            etcd_start_timeout: None,
         }
     }
 }
@@ -168,7 +172,7 @@ impl Server {
             return Err("at least one --prefix is needed".into());
         }
         cfg.cache.validate()?;
-        let upstream = Upstream::connect(&cfg.upstream).await?;
+        let upstream = Upstream::connect_waiting(&cfg.upstream, cfg.etcd_start_timeout).await?;
         let metrics = Arc::new(HostMetrics::default());
         let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
         let clock = Clock::new();

@@ -439,7 +439,7 @@ func (l *load) faults(ctx context.Context, etcd, target *Proc) {
 	}
 	plans := []plan{{0.12, "etcd-stop"}, {0.25, "etcd-kill"}, {0.50, "etcd-stop"}, {0.62, "etcd-kill"}}
 	if target != nil {
-		plans = append(plans, plan{0.38, "target-kill"}, plan{0.75, "target-kill"})
+		plans = append(plans, plan{0.38, "target-kill"}, plan{0.75, "target-kill"}, plan{0.88, "outage-restart"})
 	}
 	for i := range plans {
 		plans[i].at += (rng.Float64() - 0.5) * 0.06
@@ -479,6 +479,22 @@ func (l *load) faults(ctx context.Context, etcd, target *Proc) {
 			target.Kill()
 			if err := target.Start(60 * time.Second); err != nil {
 				f.Note = "restart failed: " + err.Error()
+			}
+		case "outage-restart":
+			// The target restarted during an etcd outage: it starts while etcd is down and
+			// must come up with etcd, its watchers resuming on it.
+			etcd.Kill()
+			target.Kill()
+			started := make(chan error, 1)
+			go func() { started <- target.Start(90 * time.Second) }()
+			down := time.Duration(1000+rng.IntN(2000)) * time.Millisecond
+			time.Sleep(down)
+			f.Note = fmt.Sprintf("etcd down %s, the target started in it", down)
+			if err := etcd.Start(60 * time.Second); err != nil {
+				f.Note += "; etcd's restart failed: " + err.Error()
+			}
+			if err := <-started; err != nil {
+				f.Note += "; the target's start failed: " + err.Error()
 			}
 		}
 		f.Until = l.rec.now()
