@@ -2,13 +2,14 @@
 #   make web        build the static site into web-demo/dist (esbuild; the wasm package by name)
 #   make test-web   browser tests in headless Chromium (playwright-core from npm)
 #   make serve-web  serve web-demo/dist on http://127.0.0.1:8081/
+#   make profile-web  where a frame's time goes under the 10 000 events/s load (THROTTLE=N: a slower CPU)
 WEB := $(ROOT)/web-demo
 WEB_DIST := $(WEB)/dist
 WEB_ARTIFACTS := $(ROOT)/artifacts/web
 CHROMIUM ?= /usr/bin/chromium
 WEB_PORT ?= 8081
 
-.PHONY: web test-web serve-web setup-web-node
+.PHONY: web test-web serve-web profile-web setup-web-node
 
 setup-web-node:
 	@command -v node >/dev/null || { echo "node not found: installing Debian's nodejs" >&2; apt-get install -y nodejs || { apt-get update && apt-get install -y nodejs; }; }
@@ -32,3 +33,7 @@ test-web: web setup-web-node $(WEB)/node_modules/.package-lock.json ## browser t
 
 serve-web: web setup-web-node ## serve web-demo/dist on http://127.0.0.1:8081/
 	node $(WEB)/scripts/serve.mjs $(WEB_DIST) $(WEB_PORT) 127.0.0.1
+
+profile-web: web setup-web-node $(WEB)/node_modules/.package-lock.json ## per-frame main-thread time of the page under the 10 000 events/s load (one JSON line; THROTTLE=N slows its CPU N times)
+	@test -x $(CHROMIUM) || { echo "$(CHROMIUM) not found: make test-web installs it" >&2; exit 1; }
+	cd $(WEB) && CHROMIUM=$(CHROMIUM) node scripts/frame-profile.mjs $(WEB_DIST)

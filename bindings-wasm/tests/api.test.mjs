@@ -86,3 +86,27 @@ test("manual current revision", () => {
   const [res] = c.drain();
   assert.deepEqual([res.source, res.rv], ["cache", 12n]);
 });
+
+test("handlePuts: a batch, as an array or its JSON text, is handlePut for each", () => {
+  const run = (feed) => {
+    const c = new wc.Cacher({ capacity: 8, dynamic_capacity: false, dispatch_tick_jitter: 0 });
+    c.handleReplace(0, 10, [pod("a", 3, { app: "web" })]);
+    const w = c.startWatch(1, "/pods/", { rv: "10" });
+    const s = c.startWatch(1, "/pods/", { rv: "10", labelSelector: "app=web" });
+    const puts = [pod("a", 11, { app: "db" }), pod("b", 12, { app: "web" }), pod("a", 13, { app: "web" })];
+    feed(c, puts);
+    return { out: c.drain(), rv: c.resourceVersion, objects: c.objects(), window: c.windowEvents(), w, s };
+  };
+  const one = run((c, puts) => puts.forEach((p) => c.handlePut(5, p)));
+  const arr = run((c, puts) => assert.equal(c.handlePuts(5, puts), 3));
+  const text = run((c, puts) => assert.equal(c.handlePuts(5, JSON.stringify(puts)), 3));
+  assert.deepEqual(arr, one);
+  assert.deepEqual(text, one);
+  assert.equal(one.rv, 13n);
+  // The selector watcher saw a@11 leave (DELETED), b arrive, a come back.
+  assert.deepEqual(items(one.out, one.s), [["DELETED", "/pods/ns/a", 11], ["ADDED", "/pods/ns/b", 12], ["ADDED", "/pods/ns/a", 13]]);
+  const c = new wc.Cacher({});
+  c.handleReplace(0, 10, []);
+  assert.equal(c.handlePuts(1, "[]"), 0);
+  assert.equal(c.resourceVersion, 10n);
+});

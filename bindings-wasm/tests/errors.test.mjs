@@ -47,6 +47,25 @@ test("storage input errors leave the state unchanged", () => {
   assert.equal(c.storeLen, 1);
 });
 
+test("handlePuts: a malformed batch applies nothing; a refused put stops it there", () => {
+  const c = ready();
+  throwsNamed(() => c.handlePuts(1, "[{"), "TypeError");
+  throwsNamed(() => c.handlePuts(1, '{"key": "/pods/ns/b"}'), "TypeError");
+  throwsNamed(() => c.handlePuts(1, 42), "TypeError");
+  throwsNamed(() => c.handlePuts(1, '[{"key": "/pods/ns/b", "rv": 11}, 7]'), "TypeError");
+  // Every object is read before any is applied: the second lacks its rv, the first stays out.
+  assert.throws(() => c.handlePuts(1, [{ key: "/pods/ns/b", rv: 11 }, { key: "/pods/ns/c" }]), /puts\[1\]: rv/);
+  assert.equal(c.resourceVersion, 10n);
+  assert.equal(c.storeLen, 1);
+  // A put the store refuses (its rv is not above the last) stops the batch; the ones before stay.
+  assert.throws(
+    () => c.handlePuts(2, JSON.stringify([{ key: "/pods/ns/b", rv: 11 }, { key: "/pods/ns/c", rv: 11 }, { key: "/pods/ns/d", rv: 12 }])),
+    (e) => e.name === "StorageInputError" && e.code === 400 && /puts\[1\]: .*\(1 of 3 applied\)/.test(e.message),
+  );
+  assert.equal(c.resourceVersion, 11n);
+  assert.equal(c.storeLen, 2);
+});
+
 test("config errors name the field", () => {
   throwsNamed(() => new wc.Cacher({ capacity: 0 }), "ConfigError", 400);
   assert.throws(() => new wc.Cacher({ capcity: 1 }), /capcity: unknown field/);

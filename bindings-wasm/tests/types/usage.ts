@@ -21,6 +21,7 @@ fresh.free();
 
 c.handleReplace(0, 10, [{ key: "/pods/ns/a", value: "a", rv: 3, labels: { app: "web" } }]);
 c.handlePut(1, { key: "/pods/ns/b", value: "b", rv: 11n });
+const applied: number = c.handlePuts(1, [{ key: "/pods/ns/b", value: "b", rv: 11n }]) + c.handlePuts(1, "[]");
 c.handleDelete(2, "/pods/ns/a", "12");
 c.handleDelete(2, Uint8Array.from("/pods/ns/zz", (ch) => ch.charCodeAt(0)), 12);
 c.handleTxn(3, 13, [["put", { key: "/pods/ns/c" }], ["delete", "/pods/ns/b"]]);
@@ -114,4 +115,4 @@ const asNumber: number = c.resourceVersion;
 // @ts-expect-error: a list key is a string
 c.list(14, new Uint8Array([1]));
 
-export const used = [v, delivered, stopped, texts, next, oldest, events, objects, watchers, one, received, profile, rv, state, numbers, trace, traceText, p50, asNumber];
+export const used = [v, applied, delivered, stopped, texts, next, oldest, events, objects, watchers, one, received, profile, rv, state, numbers, trace, traceText, p50, asNumber];

@@ -326,21 +326,22 @@ export class Playground {
 
   /**
    * The load generator: `n` writes at the current time, to 200 keys whose labels alternate
-   * (so selector watchers see ADDED/DELETED transitions). One drain for the whole batch.
+   * (so selector watchers see ADDED/DELETED transitions). The batch goes to the core as one
+   * JSON text (`handlePuts`: one call, not one per put and per field), with one drain.
    */
   loadBatch(n) {
     const c = this.cacher;
     if (!this.etcd.up || n <= 0) return { outputs: [], written: 0 };
-    let written = 0;
+    const batch = new Array(n);
     for (let i = 0; i < n; i++) {
       const rv = ++this.etcd.rev;
       const k = this.loadSeq++ % 200;
       const key = `/pods/load/pod-${String(k).padStart(3, "0")}`;
       const obj = { key, value: `v${rv}`, rv, labels: { app: (rv >> 1) % 2 ? "web" : "db" }, fields: { "metadata.namespace": "load", "metadata.name": `pod-${k}` } };
       this.etcd.objects.set(key, obj);
-      c.handlePut(this.now, obj);
-      written++;
+      batch[i] = obj;
     }
+    const written = c.handlePuts(this.now, JSON.stringify(batch));
     c.setEtcdRv(this.etcd.rev);
     const outputs = c.drain();
     this.hostDuties(outputs);
