@@ -75,19 +75,6 @@ fn describe(v: &JsValue) -> String {
     }
 }
 
-/// What a JSON value is, for an error message.
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    use serde_json::Value;
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 // ----- conversions in ------------------------------------------------------------------------------
 
 const MAX_SAFE: f64 = 9_007_199_254_740_991.0;
@@ -280,6 +267,14 @@ fn object_arg(name: &str, v: &JsValue, default_rv: u64) -> Result<Object, JsValu
     }
     let json = json_of(v, 0)?;
     core_replay::parse_object(&json, name, Some(default_rv)).map_err(|e| type_error(e.to_string()))
+}
+
+/// A put's object: its `rv` (the event's resourceVersion) is required.
+fn put_object(name: &str, o: Object) -> Result<Object, JsValue> {
+    if o.rv() == 0 {
+        return Err(type_error(format!("{name}: rv (the event's resourceVersion) is required")));
+    }
+    Ok(o)
 }
 
 /// A resourceVersion option as the text a client sends (absent: unset); parsed by the core.
@@ -1193,10 +1188,7 @@ impl Cacher {
         #[wasm_bindgen(js_name = nowMs, unchecked_param_type = "number")] now_ms: JsValue,
         #[wasm_bindgen(unchecked_param_type = "PutObject")] object: JsValue,
     ) -> Result<(), JsValue> {
-        let o = object_arg("object", &object, 0)?;
-        if o.rv() == 0 {
-            return Err(type_error("object: rv (the event's resourceVersion) is required".into()));
-        }
+        let o = put_object("object", object_arg("object", &object, 0)?)?;
         self.step(&now_ms)?;
         self.driver.handle_put(o).map_err(storage_error)
     }
@@ -1220,7 +1212,7 @@ impl Cacher {
                 Ok(other) => {
                     return Err(type_error(format!(
                         "puts: expected a JSON array of objects, got {}",
-                        json_kind(&other)
+                        core_replay::json::kind_of(&other)
                     )))
                 }
                 Err(e) => return Err(type_error(format!("puts: not JSON: {e}"))),
@@ -1234,24 +1226,16 @@ impl Cacher {
                 describe(&puts)
             )));
         };
-        let mut objs = Vec::with_capacity(list.len());
-        for (i, v) in list.iter().enumerate() {
-            let name = format!("puts[{i}]");
-            if !v.is_object() {
-                return Err(type_error(format!(
-                    "{name}: expected an object {{key, value, rv, labels, fields}}, got {}",
-                    json_kind(v)
-                )));
-            }
-            let o = core_replay::parse_object(v, &name, Some(0))
-                .map_err(|e| type_error(e.to_string()))?;
-            if o.rv() == 0 {
-                return Err(type_error(format!(
-                    "{name}: rv (the event's resourceVersion) is required"
-                )));
-            }
-            objs.push(o);
-        }
+        let objs = list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let name = format!("puts[{i}]");
+                core_replay::parse_object(v, &name, Some(0))
+                    .map_err(|e| type_error(e.to_string()))
+                    .and_then(|o| put_object(&name, o))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         self.step(&now_ms)?;
         let n = objs.len();
         for (i, o) in objs.into_iter().enumerate() {
