@@ -27,7 +27,7 @@ CARGO_FUZZ_VERSION ?= 0.13.2
 TOOL_INSTALL_PROFILE := CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_LTO=off
 
-.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-smoke bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-devnull setup-fuzz setup-python clean
+.PHONY: help run test lint test-rust setup-etcd setup-protoc test-python python wasm test-wasm bench-wasm setup-wasm fuzz-smoke bench bench-python bench-host bench-smoke bench-cpu bench-scale bench-etcd-tool setup-etcd-benchmark validate-slo setup-rust setup-devnull setup-fuzz setup-python clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -151,6 +151,16 @@ bench-smoke: setup-rust setup-etcd ## (part of make test) bench_host --quick --c
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
 	BENCH_ETCD=$(TOOLS)/bin/etcd BENCH_WATCHCACHE=$(ROOT)/target/release/watchcache BENCH_OUT=$(ROOT)/target/bench-smoke.json \
 	  $(ROOT)/target/release/examples/bench_host --quick --check
+
+# Issue 12's CPU figure as a distribution: RUNS A-only runs (about 35 s each); with BASE=<another
+# watchcache binary> the two take turns run by run and the pair-by-pair ratio is printed.
+RUNS ?= 10
+BASE ?=
+
+bench-cpu: setup-rust setup-etcd ## watchcache's µs per delivery in A, median of RUNS runs (default 10, about 6 min), alternating with BASE=<binary> if given
+	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
+	$(PYTHON) tools/bench/cpu_runs.py --bench $(ROOT)/target/release/examples/bench_host --etcd $(TOOLS)/bin/etcd \
+	  --bin $(ROOT)/target/release/watchcache --runs $(RUNS) $(if $(BASE),--base $(BASE))
 
 # The 100 000-watcher run (issue 12): bench_host --scale (BENCH_SCALE_ARGS=--quick: 10 000).
 BENCH_SCALE_ARGS ?=

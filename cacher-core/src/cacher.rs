@@ -333,6 +333,17 @@ pub struct WatcherInfo {
     pub allow_bookmarks: bool,
 }
 
+/// Counts over the open watches ([`Cacher::watcher_summary`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatcherSummary {
+    /// Open watches.
+    pub open: usize,
+    /// Watches reading from the ring behind the newest event.
+    pub lagging: usize,
+    /// The largest [`WatcherInfo::lag`].
+    pub max_lag: u64,
+}
+
 /// The watchers of one trigger value: usually one (a kubelet per node), kept inline.
 #[derive(Clone, Debug)]
 pub(crate) enum Slots {
@@ -983,10 +994,23 @@ impl Cacher {
         ids.into_iter().filter_map(|id| self.watcher(RequestId(id))).collect()
     }
 
-    /// One open watch.
-    pub fn watcher(&self, id: RequestId) -> Option<WatcherInfo> {
-        let w = self.watcher_ref(id)?;
-        let (state, lag) = match &w.flow {
+    /// How many watches are open, how many lag behind the ring, and the largest lag: what a
+    /// metrics scrape needs, without describing every watch (no allocation, whatever the
+    /// number of watchers).
+    pub fn watcher_summary(&self) -> WatcherSummary {
+        let mut s = WatcherSummary { open: self.slot_of.len(), ..WatcherSummary::default() };
+        for w in self.slots.iter().flatten() {
+            let (state, lag) = self.state_of(w);
+            if state == WatcherState::Lagging {
+                s.lagging += 1;
+            }
+            s.max_lag = s.max_lag.max(lag);
+        }
+        s
+    }
+
+    fn state_of(&self, w: &Watcher) -> (WatcherState, u64) {
+        match &w.flow {
             Flow::Active if w.initial.is_some() => (WatcherState::Replaying, 0),
             Flow::Active => (WatcherState::Active, 0),
             Flow::Blocked { overflow, .. } => (WatcherState::Blocked, overflow.len() as u64),
@@ -994,7 +1018,13 @@ impl Cacher {
                 (WatcherState::Lagging, self.ring.end_index().saturating_sub(*next_index))
             }
             Flow::Draining { .. } => (WatcherState::Draining, 0),
-        };
+        }
+    }
+
+    /// One open watch.
+    pub fn watcher(&self, id: RequestId) -> Option<WatcherInfo> {
+        let w = self.watcher_ref(id)?;
+        let (state, lag) = self.state_of(w);
         Some(WatcherInfo {
             id: w.id,
             key: describe_range(&w.range),
@@ -1021,6 +1051,13 @@ impl Cacher {
             prev = e.rv();
         }
         assert!(self.rv >= prev, "cache RV behind the ring");
+        let all = self.watchers();
+        let counted = WatcherSummary {
+            open: all.len(),
+            lagging: all.iter().filter(|w| w.state == WatcherState::Lagging).count(),
+            max_lag: all.iter().map(|w| w.lag).max().unwrap_or(0),
+        };
+        assert_eq!(self.watcher_summary(), counted, "watcher summary differs from the watchers");
         for (id, slot) in self.slot_of.iter() {
             let w = self.slots[*slot as usize].as_ref().expect("slot of a live watcher is empty");
             assert_eq!(w.id.0, *id);

@@ -114,7 +114,9 @@ pub mod replay;
 pub mod simulate;
 
 pub use btree::Tree;
-pub use cacher::{Cacher, Change, StorageError, TimerReason, WatcherInfo, WatcherState, Window};
+pub use cacher::{
+    Cacher, Change, StorageError, TimerReason, WatcherInfo, WatcherState, WatcherSummary, Window,
+};
 pub use config::{Config, ConfigError, Profile};
 pub use event::Event;
 pub use key::{display_key, has_path_prefix, prefix_end, Key, KeyRange};

@@ -3,8 +3,8 @@
 
 use cacher_core::{
     Attrs, Cacher, CloseCause, Config, ConsumeMode, FieldSelector, GetRequest, Key, KeyRange,
-    ListRequest, Object, Output, ReadOutcome, RequestId, RvParam, StorageError, TimerReason,
-    Timestamp, WatchEvent, WatchRequest,
+    ListRequest, Object, Output, ReadOutcome, RequestId, RvParam, SlowPolicy, StorageError,
+    TimerReason, Timestamp, WatchEvent, WatchRequest, WatcherState, WatcherSummary,
 };
 
 fn t(ms: u64) -> Timestamp {
@@ -204,4 +204,32 @@ fn config_errors_name_the_field() {
     let e =
         Cacher::new(Config { bookmark_frequency_ms: 0, ..Config::default() }, t(0)).err().unwrap();
     assert_eq!(e.field, "bookmark_frequency_ms");
+}
+
+#[test]
+fn the_watcher_summary_counts_what_watchers_describes() {
+    let mut c = ready(Config::default());
+    assert_eq!(c.watcher_summary(), WatcherSummary::default());
+    let mut slow = WatchRequest::new(KeyRange::Prefix(Key::from("/pods/")), RvParam::At(10));
+    slow.consume = ConsumeMode::Manual;
+    slow.slow_policy = SlowPolicy::Lag;
+    slow.queue_capacity = Some(2);
+    let slow = c.start_watch(t(1), slow).unwrap();
+    c.start_watch(t(1), WatchRequest::new(KeyRange::Prefix(Key::from("/pods/")), RvParam::At(10)))
+        .unwrap();
+    for rv in 11..=30 {
+        c.handle_put(t(rv), pod(&format!("p{rv}"), rv, "n1")).unwrap();
+        drain(&mut c);
+    }
+    c.handle_timeout(t(10_000));
+    drain(&mut c);
+    let all = c.watchers();
+    let lagging = all.iter().find(|w| w.id == slow).expect("the slow watch is open");
+    assert_eq!(lagging.state, WatcherState::Lagging, "{lagging:?}");
+    let s = c.watcher_summary();
+    assert_eq!(s.open, 2);
+    assert_eq!(s.lagging, 1);
+    assert_eq!(s.max_lag, lagging.lag);
+    assert!(s.max_lag > 0);
+    c.check_invariants();
 }

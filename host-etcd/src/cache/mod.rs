@@ -829,15 +829,15 @@ impl CacheTask {
             }
             Cmd::Metrics { reply } => {
                 let c = &self.cacher;
-                let watchers = c.watchers();
+                let watchers = c.watcher_summary();
                 let _ = reply.send(CacheSample {
                     prefix: String::from_utf8_lossy(&self.prefix).into_owned(),
                     metrics: c.metrics().clone(),
                     capacity: c.window().capacity,
                     rv: c.resource_version(),
-                    watchers: watchers.len(),
-                    lagging: watchers.iter().filter(|w| w.state == WatcherState::Lagging).count(),
-                    max_lag: watchers.iter().map(|w| w.lag).max().unwrap_or(0),
+                    watchers: watchers.open,
+                    lagging: watchers.lagging,
+                    max_lag: watchers.max_lag,
                     store_len: c.store_len(),
                     ring_bytes: c.ring_bytes(),
                     ready: c.ready_state() == ReadyState::Ready,
