@@ -8,28 +8,22 @@
 // (CDP Emulation.setCPUThrottlingRate: a slower machine); NOOP=obj.method,... turns page
 // methods into no-ops (e.g. NOOP=store.render) to see what each costs; CSS=... adds a style
 // sheet. Prints one JSON line.
-import { chromium } from "playwright-core";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { serve } from "./serve.mjs";
+import { launchChromium, startLoad } from "./chromium.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const dist = process.argv[2] ?? join(here, "..", "dist");
 const server = await serve(dist, 0, "127.0.0.1");
 const base = `http://127.0.0.1:${server.address().port}/`;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launchChromium();
 try {
   const page = await browser.newPage({ viewport: { width: 1440, height: 1100 } });
   await page.goto(base);
   await page.waitForSelector('body[data-ready="true"]');
   if (process.env.CSS) await page.addStyleTag({ content: process.env.CSS });
-  await page.click("text=fast watcher");
-  await page.click("text=selector app=web");
-  await page.click("text=slow (lag)");
-  await page.click("#load");
+  await startLoad(page);
   await page.waitForTimeout(700);
   const cdp = await page.context().newCDPSession(page);
   await cdp.send("Performance.enable");

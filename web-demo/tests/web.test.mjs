@@ -16,14 +16,13 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
 import { serve } from "../scripts/serve.mjs";
+import { executablePath, launchChromium, startLoad } from "../scripts/chromium.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..");
 const dist = process.env.WEB_DIST ?? join(here, "..", "dist");
 const artifacts = process.env.ARTIFACTS ?? join(root, "artifacts", "web");
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const VIEWPORT = { width: 1440, height: 1100 };
 // The same wasm package built for Node: what the What-if tab shows must be its report.
 const wcNode = createRequire(import.meta.url)("watchcache-wasm");
@@ -73,11 +72,7 @@ before(async () => {
   mkdirSync(artifacts, { recursive: true });
   server = await serve(dist, 0, "127.0.0.1");
   base = `http://127.0.0.1:${server.address().port}/`;
-  browser = await chromium.launch({
-    executablePath,
-    // Without the background-networking flags Chromium misbehaves on a closed network.
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
+  browser = await launchChromium();
 });
 
 after(async () => {
@@ -341,10 +336,7 @@ test("playground: restart etcd closes the gate, terminates the watchers, relists
 test("load: 10 000 events/s while animating at about 60 frames per second", async () => {
   const ctx = await openPage();
   const { page } = ctx;
-  await page.click("text=fast watcher");
-  await page.click("text=selector app=web");
-  await page.click("text=slow (lag)");
-  await page.click("#load");
+  await startLoad(page);
   // After a warm-up, collect requestAnimationFrame timestamps in the page for 3 s while the
   // load runs.
   const result = await withOracleBuildPaused(async () => {
