@@ -994,6 +994,22 @@ impl Cacher {
         ids.into_iter().filter_map(|id| self.watcher(RequestId(id))).collect()
     }
 
+    /// The `limit` open watches with the lowest ids, by id: the first page of [`Self::watchers`],
+    /// without describing (or sorting) the others, so that a debug page at 100 000 watchers
+    /// costs what its page shows.
+    pub fn first_watchers(&self, limit: usize) -> Vec<WatcherInfo> {
+        let mut ids: Vec<u64> = self.slot_of.keys().copied().collect();
+        if limit < ids.len() {
+            if limit == 0 {
+                return Vec::new();
+            }
+            ids.select_nth_unstable(limit - 1);
+            ids.truncate(limit);
+        }
+        ids.sort_unstable();
+        ids.into_iter().filter_map(|id| self.watcher(RequestId(id))).collect()
+    }
+
     /// How many watches are open, how many lag behind the ring, and the largest lag: what a
     /// metrics scrape needs, without describing every watch (no allocation, whatever the
     /// number of watchers).
@@ -1058,6 +1074,12 @@ impl Cacher {
             max_lag: all.iter().map(|w| w.lag).max().unwrap_or(0),
         };
         assert_eq!(self.watcher_summary(), counted, "watcher summary differs from the watchers");
+        let page = self.first_watchers(3);
+        assert_eq!(
+            page[..],
+            all[..all.len().min(3)],
+            "first watchers are not the first of the watchers"
+        );
         for (id, slot) in self.slot_of.iter() {
             let w = self.slots[*slot as usize].as_ref().expect("slot of a live watcher is empty");
             assert_eq!(w.id.0, *id);

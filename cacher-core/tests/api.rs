@@ -231,5 +231,8 @@ fn the_watcher_summary_counts_what_watchers_describes() {
     assert_eq!(s.lagging, 1);
     assert_eq!(s.max_lag, lagging.lag);
     assert!(s.max_lag > 0);
+    assert_eq!(c.first_watchers(1), all[..1]);
+    assert_eq!(c.first_watchers(0), []);
+    assert_eq!(c.first_watchers(5), all);
     c.check_invariants();
 }

@@ -1389,10 +1389,9 @@ impl CacheTask {
         let c = &self.cacher;
         let w = c.window();
         let (snapshots, oldest_snapshot) = c.snapshots();
-        let watchers = c.watchers();
-        let listed: Vec<serde_json::Value> = watchers
+        let listed: Vec<serde_json::Value> = c
+            .first_watchers(1000)
             .iter()
-            .take(1000)
             .map(|w| {
                 json!({
                     "id": w.id.0, "key": w.key, "rv": w.rv, "last_sent_rv": w.last_sent_rv,
@@ -1420,7 +1419,7 @@ impl CacheTask {
                 "bytes": c.ring_bytes(), "max_bytes": c.config().max_cache_bytes,
             },
             "store": {"objects": c.store_len(), "snapshots": snapshots, "oldest_snapshot": oldest_snapshot},
-            "watchers": {"count": watchers.len(), "listed": listed, "parked": c.parked_count(), "waiting_ready": self.waiting_ready.len()},
+            "watchers": {"count": c.watcher_count(), "listed": listed, "parked": c.parked_count(), "waiting_ready": self.waiting_ready.len()},
             "metrics": {
                 "events_received": m.events_received, "events_dispatched": m.events_dispatched,
                 "deliveries": m.deliveries, "initializations": m.initializations,
