@@ -81,7 +81,7 @@ type session struct {
 	stream  pb.Watch_WatchClient
 	cancel  context.CancelFunc
 	tracker *record.Tracker
-	byRec   map[int]*lwatch
+	byRec   map[int]*lwatch // guarded by sr.mu (the sender writes it)
 	sendq   chan sendItem
 	created chan struct{}
 	broken  chan struct{}
@@ -365,13 +365,18 @@ func (sess *session) recvLoop(seed uint64) {
 		for i := range rr.Events {
 			evRevs[i] = rr.Events[i].Rev()
 		}
-		sess.sr.mu.Unlock()
-
-		s.mu.Lock()
+		// byRec is written by the sender under sr.mu: read it here, not under s.mu.
 		var lw *lwatch
 		if out.Watch >= 0 {
 			lw = sess.byRec[out.Watch]
 		}
+		var applies []*lwatch
+		for _, w := range out.Applies {
+			applies = append(applies, sess.byRec[w])
+		}
+		sess.sr.mu.Unlock()
+
+		s.mu.Lock()
 		signal := false
 		var after func()
 		switch out.Kind {
@@ -397,8 +402,8 @@ func (sess *session) recvLoop(seed uint64) {
 				lw.lastProg = rev
 			}
 		case record.OutStreamProgress:
-			for _, w := range out.Applies {
-				if x := sess.byRec[w]; x != nil && rev > x.lastProg {
+			for _, x := range applies {
+				if x != nil && rev > x.lastProg {
 					x.lastProg = rev
 				}
 			}
