@@ -989,9 +989,7 @@ impl Cacher {
 
     /// Open watches, by id.
     pub fn watchers(&self) -> Vec<WatcherInfo> {
-        let mut ids: Vec<u64> = self.slot_of.keys().copied().collect();
-        ids.sort_unstable();
-        ids.into_iter().filter_map(|id| self.watcher(RequestId(id))).collect()
+        self.first_watchers(usize::MAX)
     }
 
     /// The `limit` open watches with the lowest ids, by id: the first page of [`Self::watchers`],
@@ -1000,10 +998,9 @@ impl Cacher {
     pub fn first_watchers(&self, limit: usize) -> Vec<WatcherInfo> {
         let mut ids: Vec<u64> = self.slot_of.keys().copied().collect();
         if limit < ids.len() {
-            if limit == 0 {
-                return Vec::new();
+            if limit > 0 {
+                ids.select_nth_unstable(limit - 1);
             }
-            ids.select_nth_unstable(limit - 1);
             ids.truncate(limit);
         }
         ids.sort_unstable();
