@@ -199,7 +199,7 @@ ROBUSTNESS_ARGS = --etcd-bin $(TOOLS)/bin/etcd --watchcache-bin $(ROOT)/target/r
 # Flags for robustness-slow-readers (e.g. --streams 20 --stall 10s for a short run).
 SLOW_READERS_ARGS ?=
 
-.PHONY: robustness robustness-auth robustness-smoke robustness-ha robustness-slow-readers robustness-build
+.PHONY: robustness robustness-auth robustness-smoke robustness-ha robustness-slow-readers robustness-build robustness-race
 
 robustness-build: setup-rust setup-etcd
 	@test -n "$(GO)" || { echo "Go not found (needed for tools/robustness)" >&2; exit 1; }
@@ -213,6 +213,12 @@ robustness-smoke: robustness-build ## about 3 minutes: the checker's tests, 2 se
 	cd tools/robustness && $(GO) test ./...
 	$(TOOLS)/bin/robustness suite --seeds 2 --duration 35s --baseline-seeds 1 --selftest --details 2 --out $(ROBUSTNESS_OUT)/smoke $(ROBUSTNESS_ARGS)
 	$(TOOLS)/bin/robustness suite --auth --seeds 1 --first-seed 3 --duration 35s --baseline=false --details 2 --out $(ROBUSTNESS_OUT)/smoke-auth $(ROBUSTNESS_ARGS)
+
+# The harness itself under Go's race detector (a data race in it once crashed a baseline run:
+# BENCHMARKS.md, seeds 83-85); the detector makes the process exit 66 on the first race.
+robustness-race: robustness-build ## as robustness (SEEDS, DURATION), with the harness built by go build -race
+	cd tools/robustness && $(GO) build -race -o $(TOOLS)/bin/robustness-race .
+	$(TOOLS)/bin/robustness-race suite --seeds $(SEEDS) --duration $(DURATION) --out $(ROBUSTNESS_OUT)/race $(ROBUSTNESS_ARGS)
 
 robustness-auth: robustness-build ## as robustness, with etcd's auth on (root on etcd; through the target a user with readwrite on every key, and on a quarter of the watch streams one who may not read the secrets)
 	$(TOOLS)/bin/robustness suite --auth --seeds $(SEEDS) --duration $(DURATION) --out $(ROBUSTNESS_OUT)/auth $(ROBUSTNESS_ARGS)
