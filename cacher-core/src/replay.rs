@@ -1,11 +1,11 @@
 //! The scenario replayer, and the driver the bindings share with it.
 //!
-//! A scenario (JSON, see `DESIGN.md`) is a config and a list of timed steps; [`replay`] runs it
-//! against a fresh [`Cacher`](crate::Cacher) and returns the trace: every output the core
-//! produced, in order, as flat records. It is a pure function: the same scenario gives the same
-//! trace, byte for byte, on every host. Malformed scenarios are a [`ScenarioError`] naming the
-//! step and field; a malformed *request* inside a well-formed step is not an error but a
-//! `REJECTED` record, as a client would see it.
+//! A scenario (JSON: a config and a list of timed steps, each an [`Op`]; README.md lists the
+//! format's additions) runs against a fresh [`Cacher`](crate::Cacher) in [`replay`], which
+//! returns the trace: every output the core produced, in order, as flat records. It is a pure
+//! function: the same scenario gives the same trace, byte for byte, on every host. Malformed
+//! scenarios are a [`ScenarioError`] naming the step and field; a malformed *request* inside a
+//! well-formed step is not an error but a `REJECTED` record, as a client would see it.
 //!
 //! The parts, each used by the replayer and by both bindings (Python, JS), so that a scenario,
 //! a notebook and the browser demo drive the core the same way:

@@ -1,5 +1,5 @@
-//! The scenario format: a config and timed steps (`DESIGN.md` spells every op and field;
-//! `README.md` the additions). Parsing checks every field, names the path of a bad one, and
+//! The scenario format: a config and timed steps (each [`Op`] variant's doc gives its op
+//! name and fields; `README.md` lists the format's additions). Parsing checks every field, names the path of a bad one, and
 //! leaves the requests' own strings (keys, resource versions, selectors) to
 //! [`super::spec`], so that a bad one is a `REJECTED` record, as a client would see it.
 
@@ -44,7 +44,7 @@ pub struct Step {
     pub op: Op,
 }
 
-/// A step's operation (the `op` of a scenario step; DESIGN.md spells each one).
+/// A step's operation (the `op` of a scenario step; each variant's doc names its fields).
 #[derive(Clone, Debug)]
 pub enum Op {
     /// `replace`: the storage's list at `rv` replaces everything the cache holds.
