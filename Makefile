@@ -156,11 +156,13 @@ bench-smoke: setup-rust setup-etcd ## (part of make test) bench_host --quick --c
 # watchcache binary> the two take turns run by run and the pair-by-pair ratio is printed.
 RUNS ?= 10
 BASE ?=
+SERVE_ARGS ?=
+BASE_SERVE_ARGS ?=
 
-bench-cpu: setup-rust setup-etcd ## watchcache's µs per delivery in A, median of RUNS runs (default 10, about 6 min), alternating with BASE=<binary> if given
+bench-cpu: setup-rust setup-etcd ## watchcache's µs per delivery in A, median of RUNS runs (default 10, about 6 min), alternating with BASE=<binary> if given (SERVE_ARGS, BASE_SERVE_ARGS: `watchcache serve` flags for each)
 	$(CARGO) build -q --release -p host-etcd --bin watchcache --example bench_host
 	$(PYTHON) tools/bench/cpu_runs.py --bench $(ROOT)/target/release/examples/bench_host --etcd $(TOOLS)/bin/etcd \
-	  --bin $(ROOT)/target/release/watchcache --runs $(RUNS) $(if $(BASE),--base $(BASE))
+	  --bin $(ROOT)/target/release/watchcache --runs $(RUNS) --args "$(SERVE_ARGS)" $(if $(BASE),--base $(BASE) --base-args "$(BASE_SERVE_ARGS)")
 
 # The 100 000-watcher run (issue 12): bench_host --scale (BENCH_SCALE_ARGS=--quick: 10 000).
 BENCH_SCALE_ARGS ?=

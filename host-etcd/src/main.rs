@@ -158,6 +158,12 @@ struct ServeArgs {
     /// Directory of the web demo's files (served over HTTP when it exists).
     #[arg(long, default_value = "web-demo/dist")]
     web_dir: PathBuf,
+    /// Threads that run the server's tasks (tokio's workers). Default: one per CPU, or
+    /// `TOKIO_WORKER_THREADS`. The cache's own work is one task per prefix whatever the
+    /// count; fewer threads than CPUs leave CPUs to a colocated etcd (BENCHMARKS.md measures
+    /// one against two on two CPUs).
+    #[arg(long, env = "WATCHCACHE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    worker_threads: Option<u16>,
 }
 
 fn read(path: &PathBuf) -> Result<Vec<u8>, String> {
@@ -327,6 +333,9 @@ fn main() -> ExitCode {
                 .init();
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.enable_all();
+            if let Some(n) = args.worker_threads {
+                builder.worker_threads(n.into());
+            }
             // Tasks in wake order (see .cargo/config.toml); WATCHCACHE_TOKIO_LIFO=1 keeps
             // tokio's default, for comparison.
             #[cfg(tokio_unstable)]

@@ -264,3 +264,28 @@ async fn large_request_metadata_is_taken_as_etcd_takes_it() {
         assert_eq!(w, d, "{kib} KiB of metadata (sorted: {sort}): watchcache against etcd");
     }
 }
+
+/// A bad value on `watchcache serve`'s command line ends it at once (before any etcd is asked
+/// or started) with the flag's name in the message, and no panic.
+#[test]
+fn bad_serve_flags_are_refused_by_name() {
+    let bin = env!("CARGO_BIN_EXE_watchcache");
+    for (args, flag) in [
+        (&["--worker-threads", "0"][..], "--worker-threads"),
+        (&["--worker-threads", "many"][..], "--worker-threads"),
+        (&["--profile", "v9.9"][..], "--profile"),
+        (&["--freshness", "sometimes"][..], "freshness"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("serve")
+            .args(["--etcd-endpoints", "127.0.0.1:1", "--etcd-start-timeout", "1s"])
+            .args(args)
+            .env_remove("WATCHCACHE_WORKER_THREADS")
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

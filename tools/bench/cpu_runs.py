@@ -6,12 +6,15 @@ for 20 s, a fresh etcd per run) gives watchcache's µs per delivery, but on a sh
 that figure moves by up to 50 % within an hour with the same binary. So this runs it RUNS times
 and prints the median, the quartiles and the extremes; with BASE (another watchcache binary) the
 two binaries take turns run by run, so that the machine's drift falls on both alike, and the
-median of the per-pair ratios is printed too.
+median of the per-pair ratios is printed too. BASE may be the same binary: --args and
+--base-args (each passed to `watchcache serve` as BENCH_WATCHCACHE_ARGS) then compare two
+settings, e.g. --base-args "--worker-threads 1".
 
 A run that lost or duplicated an event, or did not drain, fails the whole command: a CPU figure
 of a run that did not deliver everything is not a figure.
 
-Usage: cpu_runs.py --bench <bench_host> --etcd <etcd> --runs N --bin <watchcache> [--base <watchcache>]
+Usage: cpu_runs.py --bench <bench_host> --etcd <etcd> --runs N --bin <watchcache> [--args FLAGS]
+                   [--base <watchcache> [--base-args FLAGS]]
 """
 
 import argparse
@@ -24,8 +27,9 @@ import tempfile
 import time
 
 
-def one_run(bench, etcd, binary, out):
+def one_run(bench, etcd, binary, flags, out):
     env = dict(os.environ, BENCH_ETCD=etcd, BENCH_WATCHCACHE=binary, BENCH_OUT=out)
+    env["BENCH_WATCHCACHE_ARGS"] = flags
     cmd = [bench, "--targets", "watchcache", "--big-watchers", "0"]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -64,6 +68,8 @@ def main():
     ap.add_argument("--etcd", required=True)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--base")
+    ap.add_argument("--args", default="", help="flags for this build's `watchcache serve`")
+    ap.add_argument("--base-args", default="", help="flags for BASE's `watchcache serve`")
     ap.add_argument("--runs", type=int, default=10)
     args = ap.parse_args()
     if args.runs < 1:
@@ -71,16 +77,22 @@ def main():
     for b in [args.bench, args.etcd, args.bin] + ([args.base] if args.base else []):
         if not os.access(b, os.X_OK):
             raise SystemExit(f"not an executable: {b}")
-    targets = [("this build", args.bin)] + ([("BASE", args.base)] if args.base else [])
-    results = {name: [] for name, _ in targets}
+    if args.base_args and not args.base:
+        raise SystemExit("--base-args needs --base")
+    targets = [("this build", args.bin, args.args)]
+    if args.base:
+        targets.append(("BASE", args.base, args.base_args))
+    for name, binary, flags in targets:
+        print(f"{name}: {binary} {flags}".rstrip(), flush=True)
+    results = {name: [] for name, _, _ in targets}
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
             # Pairs alternate which binary goes first (the first after etcd's start tends to
             # differ a little).
             order = targets if i % 2 == 0 else targets[::-1]
-            for name, binary in order:
-                a = one_run(args.bench, args.etcd, binary, os.path.join(tmp, "out.json"))
+            for name, binary, flags in order:
+                a = one_run(args.bench, args.etcd, binary, flags, os.path.join(tmp, "out.json"))
                 results[name].append(a)
                 print(
                     f"run {i + 1}/{args.runs} {name}: {a['target_us_per_delivery']:.3f} µs per delivery, "
@@ -93,7 +105,7 @@ def main():
     print()
     print("| server | runs | µs per delivery, median | quartiles | range | CPU s per 1 M with etcd, median |")
     print("|---|---|---|---|---|---|")
-    for name, _ in targets:
+    for name, _, _ in targets:
         print(describe(name, results[name]))
     if args.base:
         ratios = [
