@@ -428,14 +428,17 @@ pub(crate) fn events_differ(d: &Recorded, w: &Recorded) -> Option<String> {
 /// `name`) are events where etcd sent no previous value and watchcache sent the one etcd's
 /// history `hist` has (the key's event just before, a put): etcd 3.7.3's prev_kv registration
 /// race (`recvLoop` registers the watcher before it sets the flag; the catch-up built in
-/// between has none). `hist` starts with the keys as they were at the compaction
-/// ([`keys_at`]), for a previous value older than the history. Then the differences, as notes
-/// about etcd's answer; `None` when any difference is other.
+/// between has none). `hist` starts with the keys as they were at the compaction `compacted`
+/// ([`keys_at`]), for a previous value older than the history; an event at or below the
+/// compaction is never etcd's miss (etcd's read at its revision − 1 is refused, so it rightly
+/// has no previous value). Then the differences, as notes about etcd's answer; `None` when any
+/// difference is other.
 pub(crate) fn etcd_missed_prev_kv(
     name: &str,
     de: &[&Ev],
     we: &[&Ev],
     hist: &[Ev],
+    compacted: i64,
 ) -> Option<Vec<String>> {
     if de.len() != we.len() {
         return None;
@@ -447,7 +450,7 @@ pub(crate) fn etcd_missed_prev_kv(
         // The key's last event in etcd's history before this one.
         let before = hist.iter().rev().find(|h| h.key == b.key && h.rev < b.rev);
         let proven = before.is_some_and(|h| !h.delete && h.rev == *rev && h.value == *value);
-        if !same_but_prev || !proven {
+        if !same_but_prev || !proven || b.rev <= compacted {
             return None;
         }
         notes.push(format!(
@@ -500,7 +503,7 @@ fn only_a_previous_value_etcd_left_out_and_its_history_proves_is_etcds_miss() {
     };
     let missed = |d: &Recorded, w: &Recorded, hist: &[Ev]| {
         let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
-        etcd_missed_prev_kv("w", &de, &we, hist)
+        etcd_missed_prev_kv("w", &de, &we, hist, 1)
     };
     let etcd = rec(vec![ev(5, "b", None), ev(7, "c", Some(("b", 5)))]);
     let right = rec(vec![ev(5, "b", Some(("a", 3))), ev(7, "c", Some(("b", 5)))]);
@@ -509,6 +512,10 @@ fn only_a_previous_value_etcd_left_out_and_its_history_proves_is_etcds_miss() {
     let (base, later) = (vec![ev(3, "a", None)], vec![ev(5, "b", None), ev(7, "c", None)]);
     assert_eq!(missed(&etcd, &right, &[base, later.clone()].concat()).map(|n| n.len()), Some(1));
     assert_eq!(missed(&etcd, &right, &later), None);
+    // At the compaction etcd has no previous value to send: watchcache's would be wrong.
+    let (de, we): (Vec<_>, Vec<_>) = (etcd.events().collect(), right.events().collect());
+    assert_eq!(etcd_missed_prev_kv("w", &de, &we, &hist, 5), None);
+    assert_eq!(etcd_missed_prev_kv("w", &de, &we, &hist, 4).map(|n| n.len()), Some(1));
     // Planted: a wrong previous value, a previous revision that is not the key's last, a
     // value that differs besides, an event missing; and watchcache leaving one out.
     for wrong in [
@@ -699,7 +706,7 @@ async fn random_watches_match_etcd() {
                 ));
             }
             let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
-            match (events_differ(d, w), etcd_missed_prev_kv(&w.name, &de, &we, &proof)) {
+            match (events_differ(d, w), etcd_missed_prev_kv(&w.name, &de, &we, &proof, compacted)) {
                 (Some(_), Some(notes)) => etcd_notes.extend(notes),
                 (diff, _) => violations.extend(diff),
             }
@@ -836,7 +843,7 @@ async fn random_multiplexed_watches_match_etcd() {
             if canceled_by_client.contains(id) {
                 let n = de.len().min(we.len());
                 if de[..n] != we[..n] {
-                    match etcd_missed_prev_kv(&w.name, &de[..n], &we[..n], &proof) {
+                    match etcd_missed_prev_kv(&w.name, &de[..n], &we[..n], &proof, compacted) {
                         Some(notes) => etcd_notes.extend(notes),
                         None => violations.push(format!(
                             "events differ before the cancel: {}",
@@ -872,7 +879,7 @@ async fn random_multiplexed_watches_match_etcd() {
                     cancel(d)
                 ));
             }
-            match (events_differ(d, w), etcd_missed_prev_kv(&w.name, &de, &we, &proof)) {
+            match (events_differ(d, w), etcd_missed_prev_kv(&w.name, &de, &we, &proof, compacted)) {
                 (Some(_), Some(notes)) => etcd_notes.extend(notes),
                 (diff, _) => violations.extend(diff),
             }
