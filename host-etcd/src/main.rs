@@ -160,8 +160,7 @@ struct ServeArgs {
     web_dir: PathBuf,
     /// Threads that run the server's tasks (tokio's workers). Default: one per CPU, or
     /// `TOKIO_WORKER_THREADS`. The cache's own work is one task per prefix whatever the
-    /// count; fewer threads than CPUs leave CPUs to a colocated etcd (BENCHMARKS.md measures
-    /// one against two on two CPUs).
+    /// count (BENCHMARKS.md measures one thread against two on two CPUs).
     #[arg(long, env = "WATCHCACHE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=4096))]
     worker_threads: Option<u16>,
 }
