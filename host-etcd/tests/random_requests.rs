@@ -21,9 +21,11 @@ use etcd_client::proto::{PbRangeRequest, PbRangeResponse, PbRangeStreamResponse}
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
-use support::conformance::{check, collect, history_from, in_range, resp_of, Ev, Recorded};
+use support::conformance::{
+    check, collect, history_from, in_range, keys_at, resp_of, Ev, Recorded,
+};
 use support::Env;
 
 /// The seeds: `WATCHCACHE_TEST_SEED` (`7`, or `3-40` for a sweep), else 1 to 3.
@@ -462,26 +464,45 @@ pub(crate) fn etcd_missed_prev_kv(
     Some(notes)
 }
 
-/// Every key as etcd had it at `rev` (at or above the compaction), as puts at their mod
-/// revisions: what comes before a history that starts at `rev`.
-pub(crate) async fn keys_at(client: &mut Client, rev: i64) -> Vec<Ev> {
-    let o = GetOptions::new().with_range(vec![0]).with_revision(rev);
-    let r = client.get(vec![0], Some(o)).await.expect("keys at the compaction");
-    let mut keys: Vec<Ev> = r
-        .kvs()
-        .iter()
-        .map(|kv| Ev {
-            rev: kv.mod_revision(),
-            key: kv.key().to_vec(),
-            value: kv.value().to_vec(),
-            delete: false,
-            create_rev: kv.create_revision(),
-            version: kv.version(),
-            prev: None,
-        })
-        .collect();
-    keys.sort_by_key(|e| e.rev);
-    keys
+/// etcd's events of one watch (`d`) against watchcache's (`w`), all of them or, for a watch
+/// the client canceled (`before_cancel`), as many as both have: the notes about etcd's own
+/// misses ([`etcd_missed_prev_kv`]) when those are the only differences, else the difference.
+pub(crate) fn compare_events(
+    d: &Recorded,
+    w: &Recorded,
+    before_cancel: bool,
+    proof: &[Ev],
+    compacted: i64,
+) -> Result<Vec<String>, String> {
+    let (mut de, mut we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
+    if before_cancel {
+        let n = de.len().min(we.len());
+        de.truncate(n);
+        we.truncate(n);
+    }
+    if de == we {
+        return Ok(Vec::new());
+    }
+    etcd_missed_prev_kv(&w.name, &de, &we, proof, compacted).ok_or_else(|| {
+        let diff = events_differ(d, w).unwrap_or_default();
+        if before_cancel {
+            format!("events differ before the cancel: {diff}")
+        } else {
+            diff
+        }
+    })
+}
+
+/// etcd's history from the compaction `compacted` to `until`, and the same history preceded
+/// by every key as it was at the compaction: the proof [`etcd_missed_prev_kv`] reads.
+pub(crate) async fn history_and_proof(
+    client: &mut Client,
+    compacted: i64,
+    until: i64,
+) -> (Vec<Ev>, Vec<Ev>) {
+    let hist = history_from(client, compacted, until).await;
+    let proof = [keys_at(client, compacted).await, hist.clone()].concat();
+    (hist, proof)
 }
 
 #[test]
@@ -516,6 +537,16 @@ fn only_a_previous_value_etcd_left_out_and_its_history_proves_is_etcds_miss() {
     let (de, we): (Vec<_>, Vec<_>) = (etcd.events().collect(), right.events().collect());
     assert_eq!(etcd_missed_prev_kv("w", &de, &we, &hist, 5), None);
     assert_eq!(etcd_missed_prev_kv("w", &de, &we, &hist, 4).map(|n| n.len()), Some(1));
+    // Through compare_events: all the events, or as many as both have before a cancel.
+    let short = rec(vec![ev(5, "b", Some(("a", 3)))]);
+    assert_eq!(compare_events(&etcd, &right, false, &hist, 1).map(|n| n.len()), Ok(1));
+    assert_eq!(compare_events(&right, &right, false, &hist, 1), Ok(Vec::new()));
+    assert!(compare_events(&right, &short, false, &hist, 1).is_err());
+    assert_eq!(compare_events(&right, &short, true, &hist, 1), Ok(Vec::new()));
+    assert_eq!(compare_events(&etcd, &short, true, &hist, 1).map(|n| n.len()), Ok(1));
+    let wrong = rec(vec![ev(5, "b", Some(("x", 3)))]);
+    let diff = compare_events(&right, &wrong, true, &hist, 1).expect_err("a wrong value");
+    assert!(diff.starts_with("events differ before the cancel: w: 1 events"), "{diff}");
     // Planted: a wrong previous value, a previous revision that is not the key's last, a
     // value that differs besides, an event missing; and watchcache leaving one out.
     for wrong in [
@@ -679,8 +710,7 @@ async fn random_watches_match_etcd() {
         }
         direct.lease_revoke(lease).await.expect("revoke");
         let until = env.etcd_rev().await;
-        let hist = history_from(&mut direct, compacted, until).await;
-        let proof = [keys_at(&mut direct, compacted).await, hist.clone()].concat();
+        let (hist, proof) = history_and_proof(&mut direct, compacted, until).await;
         for (c, pair) in cases.iter().zip(streams.iter_mut()) {
             let mut recs = Vec::new();
             for (s, rec) in pair.iter_mut() {
@@ -705,10 +735,9 @@ async fn random_watches_match_etcd() {
                     cancel(d)
                 ));
             }
-            let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
-            match (events_differ(d, w), etcd_missed_prev_kv(&w.name, &de, &we, &proof, compacted)) {
-                (Some(_), Some(notes)) => etcd_notes.extend(notes),
-                (diff, _) => violations.extend(diff),
+            match compare_events(d, w, false, &proof, compacted) {
+                Ok(notes) => etcd_notes.extend(notes),
+                Err(diff) => violations.push(diff),
             }
             if c.start == 0 && d.created_rev != w.created_rev {
                 violations.push(format!(
@@ -820,8 +849,7 @@ async fn random_multiplexed_watches_match_etcd() {
         }
         direct.lease_revoke(lease).await.expect("revoke");
         let until = env.etcd_rev().await;
-        let hist = history_from(&mut direct, compacted, until).await;
-        let proof = [keys_at(&mut direct, compacted).await, hist.clone()].concat();
+        let (hist, proof) = history_and_proof(&mut direct, compacted, until).await;
         for (i, side) in sides.iter_mut().enumerate() {
             side.stream.request_progress().await.expect("progress request");
             side.read_until(until, (i == 0).then_some(&hist[..]), compacted).await;
@@ -838,38 +866,14 @@ async fn random_multiplexed_watches_match_etcd() {
                 continue;
             };
             let cancel = |r: &Recorded| r.canceled().map(|x| x.compact_rev);
-            let (de, we): (Vec<_>, Vec<_>) = (d.events().collect(), w.events().collect());
-            events += de.len();
-            if canceled_by_client.contains(id) {
-                let n = de.len().min(we.len());
-                if de[..n] != we[..n] {
-                    match etcd_missed_prev_kv(&w.name, &de[..n], &we[..n], &proof, compacted) {
-                        Some(notes) => etcd_notes.extend(notes),
-                        None => violations.push(format!(
-                            "events differ before the cancel: {}",
-                            events_differ(d, w).unwrap_or_default()
-                        )),
-                    }
-                }
-                continue;
+            events += d.events().count();
+            let before_cancel = canceled_by_client.contains(id);
+            match compare_events(d, w, before_cancel, &proof, compacted) {
+                Ok(notes) => etcd_notes.extend(notes),
+                Err(diff) => violations.push(diff),
             }
-            if std::env::var("DBG").is_ok() && d.events().count() != w.events().count() {
-                eprintln!(
-                    "DBG {} responses {:?}",
-                    d.name,
-                    d.responses
-                        .iter()
-                        .map(|r| (r.watch_id, r.created, r.canceled, r.events.len(), r.header_rev))
-                        .collect::<Vec<_>>()
-                );
-                eprintln!(
-                    "DBG {} responses {:?}",
-                    w.name,
-                    w.responses
-                        .iter()
-                        .map(|r| (r.watch_id, r.created, r.canceled, r.events.len(), r.header_rev))
-                        .collect::<Vec<_>>()
-                );
+            if before_cancel {
+                continue;
             }
             if cancel(d) != cancel(w) {
                 violations.push(format!(
@@ -878,10 +882,6 @@ async fn random_multiplexed_watches_match_etcd() {
                     cancel(w),
                     cancel(d)
                 ));
-            }
-            match (events_differ(d, w), etcd_missed_prev_kv(&w.name, &de, &we, &proof, compacted)) {
-                (Some(_), Some(notes)) => etcd_notes.extend(notes),
-                (diff, _) => violations.extend(diff),
             }
             if cancel(w).is_none() {
                 if w.last_rev() < until {

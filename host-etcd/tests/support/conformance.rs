@@ -101,15 +101,23 @@ pub fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
 }
 
 pub fn ev_of(e: &etcd_client::Event) -> Ev {
-    let kv = e.kv().expect("event has a kv");
+    Ev {
+        delete: e.event_type() == EventType::Delete,
+        prev: e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
+        ..put_of(e.kv().expect("event has a kv"))
+    }
+}
+
+/// A key as the put of its mod revision, with no previous value.
+fn put_of(kv: &etcd_client::KeyValue) -> Ev {
     Ev {
         rev: kv.mod_revision(),
         key: kv.key().to_vec(),
         value: kv.value().to_vec(),
-        delete: e.event_type() == EventType::Delete,
+        delete: false,
         create_rev: kv.create_revision(),
         version: kv.version(),
-        prev: e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
+        prev: None,
     }
 }
 
@@ -213,6 +221,16 @@ pub async fn history_from(client: &mut etcd_client::Client, from: i64, until: i6
         rec.error
     );
     rec.events().cloned().collect()
+}
+
+/// Every key as etcd had it at `rev` (at or above the compaction), as puts at their mod
+/// revisions in revision order: what comes before a history that starts at `rev`.
+pub async fn keys_at(client: &mut etcd_client::Client, rev: i64) -> Vec<Ev> {
+    let o = etcd_client::GetOptions::new().with_range(vec![0]).with_revision(rev);
+    let r = client.get(vec![0], Some(o)).await.expect("keys at a revision");
+    let mut keys: Vec<Ev> = r.kvs().iter().map(put_of).collect();
+    keys.sort_by_key(|e| e.rev);
+    keys
 }
 
 /// Checks one recorded watch against the history; returns the violations.
