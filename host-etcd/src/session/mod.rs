@@ -403,8 +403,9 @@ struct Watch {
     created: Option<Box<PbWatchResponse>>,
     /// etcd ended it before it was announced: it ends once announced (the cancel is held).
     doomed: bool,
-    /// Its id was the session's choice (the client asked for none).
-    auto_id: bool,
+    /// Its id was the session's choice (the client asked for none): the next automatic id
+    /// before the search for a free one, where a refusal puts it back.
+    auto_from: Option<i64>,
     /// etcd (a relay's `created`) or the permission check let the client have it: as etcd
     /// checks a watch's permission once, at its creation, a relay that takes it up later is
     /// opened as the cache itself ([`UpstreamCmd::Open`]'s `permitted`), not with the
@@ -571,14 +572,41 @@ impl WatchSession {
     /// the next id (etcd's `recvLoop` checks a create's permission before it reads the next
     /// request: a refused create takes no id).
     fn take_requests(&mut self) {
-        while !self.deciding() {
-            let Some(req) = self.requests.pop_front() else { break };
-            self.take_request(req);
+        loop {
+            while self.takes_next() {
+                let Some(req) = self.requests.pop_front() else { break };
+                self.take_request(req);
+            }
+            self.flush_announcements();
+            // The announcements may have answered the cancel the next create waited for.
+            if self.requests.is_empty() || !self.takes_next() {
+                break;
+            }
         }
         if self.requests.is_empty() {
             release(&mut self.requests);
         }
-        self.flush_announcements();
+    }
+
+    /// Whether the next request may be taken: no create is undecided, and the next is not a
+    /// create whose id depends on a cancel still waiting for its watch's announcement (etcd
+    /// frees a canceled id before it reads the next request; here the watch holds its id until
+    /// its `created` and then its cancel have gone out).
+    fn takes_next(&self) -> bool {
+        if self.deciding() {
+            return false;
+        }
+        let Some(PbWatchRequest { request_union: Some(PbWatchRequestUnion::CreateRequest(c)) }) =
+            self.requests.front()
+        else {
+            return true;
+        };
+        !self.announce.iter().any(|a| match *a {
+            Announce::Cancel(id) if c.watch_id != 0 => id == c.watch_id,
+            // An automatic id reaches a canceled one only from below.
+            Announce::Cancel(id) => id >= self.next_auto_id,
+            _ => false,
+        })
     }
 
     /// Whether the session takes another request now (none is held behind an undecided
@@ -661,7 +689,7 @@ impl WatchSession {
         match msg {
             CacheMsg::Started { tag, watch, after_rev, cache_rv } => {
                 self.best_rev = self.best_rev.max(cache_rv);
-                self.on_cache_started(tag, watch, after_rev, cache_rv)
+                self.on_cache_started(tag, watch, after_rev)
             }
             CacheMsg::Refused { tag, reason } => self.on_cache_refused(tag, &reason),
             CacheMsg::Events { run, items } => {
@@ -687,7 +715,11 @@ impl WatchSession {
             matches!(w.source, Source::Relay { relay: r } | Source::RelayOpening { relay: r, .. } if r == relay)
         });
         if !current {
+            // A relay the watch has left: closed should it still be open on etcd.
             self.by_relay.remove(&relay);
+            if !matches!(ev, RelayEvent::Ended { .. }) {
+                self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Close { relay }));
+            }
             return;
         }
         match ev {
@@ -910,6 +942,7 @@ impl WatchSession {
     fn create(&mut self, spec: CreateSpec, requested_id: i64) {
         // Watch id: the client's, or the next one (etcd's AutoWatchID = 0); never reused.
         let in_use = |s: &Self, id: i64| s.watches.contains_key(&id) || s.ended.contains(&id);
+        let auto_from = (requested_id == 0).then_some(self.next_auto_id);
         let id = if requested_id != 0 {
             if in_use(self, requested_id) {
                 let (key, range_end) = etcd_range(&spec.range);
@@ -937,7 +970,7 @@ impl WatchSession {
             announced: false,
             created: None,
             doomed: false,
-            auto_id: requested_id == 0,
+            auto_from,
             permitted: false,
             held: Vec::new(),
             fragments: None,
@@ -1036,8 +1069,9 @@ impl WatchSession {
         self.stop_source(id);
         let Some(w) = self.watches.remove(&id) else { return };
         self.invalidate_query(id);
-        if w.auto_id && self.next_auto_id == id + 1 {
-            self.next_auto_id = id;
+        // As if it had never been taken: etcd's `nextID` does not move for a refused create.
+        if let Some(from) = w.auto_from.filter(|_| self.next_auto_id == id + 1) {
+            self.next_auto_id = from;
         }
         match self.announce.iter_mut().find(|a| matches!(a, Announce::Watch(x) if *x == id)) {
             Some(a) => *a = Announce::Ready(r),
@@ -1119,8 +1153,8 @@ impl WatchSession {
             w.min_rev = best + 1;
             reopen = matches!(w.source, Source::RelayOpening { .. });
         }
-        let rev = best.max(w.delivered);
-        let created = self.created_response(id, rev);
+        // Now, also for a watch whose start is still to come (its `delivered` is that start − 1).
+        let created = self.created_response(id, best);
         if let Some(w) = self.watches.get_mut(&id) {
             w.created = Some(Box::new(created));
         }
@@ -1313,7 +1347,7 @@ impl WatchSession {
         self.invalidate_query(id);
     }
 
-    fn on_cache_started(&mut self, tag: WatchTag, core: RequestId, after_rev: u64, cache_rv: u64) {
+    fn on_cache_started(&mut self, tag: WatchTag, core: RequestId, after_rev: u64) {
         let Some(cache) = self.tag_cache.remove(&tag) else { return };
         let id = self.by_tag.get(&tag).copied();
         let current = id
@@ -1329,7 +1363,9 @@ impl WatchSession {
         let Some(w) = self.watches.get_mut(&id) else { return };
         // A watch from "now" is told where now is: its events are those after the header
         // (the core may have registered it after the cache moved on, replaying what it missed).
-        let header = header_at(if w.from_now { after_rev } else { cache_rv.max(after_rev) });
+        // Any other is created at the newest revision known, as etcd's `created` carries its
+        // revision now, also for a start in the future (never that start − 1).
+        let header = header_at(if w.from_now { after_rev } else { self.best_rev });
         w.source = Source::Cache { cache, tag, core };
         w.failures = 0;
         if w.from_now {
@@ -1605,8 +1641,13 @@ impl WatchSession {
         unavailable: bool,
     ) {
         self.forget_relay(id, relay);
-        let Some(w) = self.watches.get(&id) else { return };
+        let Some(w) = self.watches.get_mut(&id) else { return };
         tracing::debug!(watch_id = id, ?error, unavailable, "relay ended");
+        // That relay (the watch's source: `handle_relay` takes only the current one's) is gone:
+        // the retry below opens the next; announcing the watch must not open one of its own,
+        // which the retry's wait would then forget.
+        w.source = Source::Idle;
+        let Some(w) = self.watches.get(&id) else { return };
         if !w.announced && w.created.is_none() && !unavailable {
             // etcd refused the create: its reason, as etcd's watch server would answer.
             let reason = error.unwrap_or_else(|| "etcd refused the watch".to_owned());

@@ -313,6 +313,8 @@ struct World {
     reasons: Vec<String>,
     /// The session ended the stream, with this reason.
     ended: Option<String>,
+    /// The header revision of every `created` response, with its watch id.
+    created_at: Vec<(i64, u64)>,
 }
 
 const PREFIX: &str = "/registry/";
@@ -340,6 +342,7 @@ impl World {
             wire: Vec::new(),
             reasons: Vec::new(),
             ended: None,
+            created_at: Vec::new(),
         }
     }
 
@@ -361,6 +364,10 @@ impl World {
                     if let Response::Message(m) = &r {
                         if m.canceled {
                             self.reasons.push(m.cancel_reason.clone());
+                        }
+                        if m.created {
+                            let rev = m.header.as_ref().map_or(0, |h| h.revision as u64);
+                            self.created_at.push((m.watch_id, rev));
                         }
                     }
                     self.seen.push(seen(r))
@@ -679,6 +686,48 @@ fn a_watch_canceled_as_compacted_keeps_its_id_until_the_client_cancels_it() {
     );
 }
 
+/// Found in review: etcd takes a cancel before it reads the next request (`watchStream.Cancel`
+/// frees the id at once), so a create of the id just canceled is a new watch, not a duplicate,
+/// also while the canceled watch is not yet announced (its answer still on its way); and an
+/// automatic id that reaches a canceled one gets it, as etcd's `nextID` finds it free.
+#[test]
+fn an_id_canceled_before_its_watch_is_announced_is_free_for_the_next_create() {
+    let mut w = World::new(World::cfg());
+    w.create(PREFIX, "/registry0", 0, 5);
+    w.cancel_id(5);
+    w.create(PREFIX, "/registry0", 0, 5);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 5, canceled: false },
+            Seen::Canceled { id: 5, compact: 0 },
+            Seen::Created { id: 5, canceled: false },
+        ]
+    );
+    let rev = w.write(&["/registry/x"]);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Events { id: 5, revs: vec![rev] }]);
+    // Automatic ids: 0 and 1, then 2, canceled before its announcement, is free again.
+    w.create(PREFIX, "/registry0", 0, 2);
+    w.cancel_id(2);
+    for _ in 0..3 {
+        w.watch_prefix(0);
+    }
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 2, canceled: false },
+            Seen::Canceled { id: 2, compact: 0 },
+            Seen::Created { id: 0, canceled: false },
+            Seen::Created { id: 1, canceled: false },
+            Seen::Created { id: 2, canceled: false },
+        ]
+    );
+    assert!(w.s.takes_requests());
+}
+
 /// A create refused once taken (here: permission denied) is answered as etcd answers it, with
 /// id -1, and takes no id; the requests after it wait for its outcome (etcd's recvLoop checks
 /// a create before it reads on), so the next create gets the id the refused one would have.
@@ -707,6 +756,34 @@ fn a_refused_create_takes_no_id_and_the_next_requests_wait_for_its_outcome() {
         "the refused create took no id"
     );
     assert!(w.s.takes_requests());
+}
+
+/// Found in review: a refused create that had skipped ids in use puts the next automatic id
+/// back where it was (etcd's `nextID` never moved), not at the id it was given: once the id it
+/// skipped is free, the next create gets it, as from etcd.
+#[test]
+fn a_refused_create_puts_the_next_automatic_id_back_where_it_was() {
+    let mut w = World::checked();
+    w.create(PREFIX, "/registry0", 0, 1);
+    w.watch_prefix(0);
+    w.pump();
+    w.deny = Some(PERMISSION_DENIED.into());
+    w.watch_prefix(0);
+    w.pump();
+    w.deny = None;
+    w.cancel_id(1);
+    w.watch_prefix(0);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 1, canceled: false },
+            Seen::Created { id: 0, canceled: false },
+            Seen::Created { id: -1, canceled: true },
+            Seen::Canceled { id: 1, compact: 0 },
+            Seen::Created { id: 1, canceled: false },
+        ]
+    );
 }
 
 /// etcd checks a create's permission before its range and its id (`isWatchPermitted` comes
@@ -1195,6 +1272,26 @@ fn creates_while_etcd_is_down_wait_and_retry() {
     assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
 }
 
+/// Found in review: a watch from now whose relay failed (etcd unreachable) is announced by the
+/// session, which used to open a relay from the new "now" at once and then put the watch to
+/// wait for its retry, forgetting that relay: once etcd answered it, it stayed open on etcd
+/// for the stream's life beside the retry's. One relay per watch, whatever the order.
+#[test]
+fn a_watch_announced_while_etcd_is_down_keeps_one_relay_on_etcd() {
+    let mut w = World::new(World::cfg());
+    w.etcd.go_down();
+    w.create("/other/k", "", 0, 0);
+    // etcd is back before the session hears that the first relay failed.
+    w.etcd.up = true;
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    w.advance(10_000);
+    assert_eq!(w.etcd.relays.len(), 1, "relays open on etcd: {:?}", w.etcd.relays.keys());
+    let rev = w.write(&["/other/k"]);
+    w.advance(1_000);
+    assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
+}
+
 #[test]
 fn a_relayed_watch_whose_etcd_restarts_resumes_after_its_last_revision() {
     let mut w = World::new(World::cfg());
@@ -1259,6 +1356,26 @@ fn a_future_watch_holds_progress_answers_back_until_its_start() {
         .collect();
     assert_eq!(progress, vec![13], "{seen:?}");
     assert_eq!(World::revs_of(&seen, 1), vec![13]);
+}
+
+/// Found in review: etcd's `created` carries its revision now (`v3rpc/watch.go`: the store's
+/// revision), also for a watch that starts in the future; watchcache said its start − 1, a
+/// revision etcd had not reached. Served from the cache, and announced by the session itself
+/// while etcd is down.
+#[test]
+fn a_future_watch_is_created_at_the_revision_of_now_not_at_its_start() {
+    let mut w = World::new(World::cfg());
+    let now = w.h.rev;
+    w.watch_prefix(1_000);
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    assert_eq!(w.created_at, vec![(0, now)]);
+    w.etcd.go_down();
+    w.create("/other/k", "", 1_000, 0);
+    w.pump();
+    w.advance(2_000);
+    assert_eq!(w.take(), vec![Seen::Created { id: 1, canceled: false }]);
+    assert_eq!(w.created_at, vec![(0, now), (1, now)]);
 }
 
 /// Reliability finding (robustness run): a watch from "now" that the cache registers after it
