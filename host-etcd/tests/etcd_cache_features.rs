@@ -572,6 +572,65 @@ async fn under_load_events_are_gathered_for_the_hold_and_a_lone_event_goes_at_on
     );
 }
 
+/// Found in review: etcd sizes a RangeStream chunk as its `txn.Range` answered it, whose
+/// count is what that Range read (the chunk's limit + 1 at most, `treeIndex.Range` without the
+/// total), not every key left; watchcache counted every key left, which takes one more byte
+/// once 128 or more are left. Here the first chunk is one byte under half etcd's limit with
+/// etcd's count and at half with watchcache's old one, so etcd doubles the next chunk (20
+/// keys) where watchcache kept 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_stream_chunks_are_sized_as_etcds_at_the_doubling_boundary() {
+    use etcd_client::proto::{PbRangeResponse, PbResponseHeader};
+    const LIMIT: usize = 64 << 10;
+    let opts = EtcdOptions {
+        extra_args: vec![format!("--max-request-bytes={LIMIT}")],
+        ..Default::default()
+    };
+    let env = Env::start_with(opts, |cfg| cfg.cache.max_request_bytes = LIMIT).await;
+    let mut direct = env.direct().await;
+    for i in 0..200 {
+        direct.put(format!("/b/{i:03}"), "v", None).await.expect("put");
+    }
+    let (key, end) = (b"/b/".to_vec(), b"/b0".to_vec());
+    // The first chunk as etcd's txn.Range answers it (10 keys, more, count 11), at the
+    // revision of the stream's start; the first key's value grown until that is LIMIT/2 - 1.
+    let first_chunk_size = |kvs: Vec<_>, rev: i64| {
+        let header = Some(PbResponseHeader { revision: rev, ..Default::default() });
+        let r = PbRangeResponse { header, kvs, more: true, count: 11 };
+        prost::Message::encoded_len(&r)
+    };
+    let mut pad = 0usize;
+    let rev = loop {
+        let rev = env.etcd_rev().await;
+        let mut g = support::grpc(&env.etcd.endpoint()).await;
+        let codec = tonic_prost::ProstCodec::<PbRangeRequest, PbRangeResponse>::default();
+        let req = PbRangeRequest {
+            key: key.clone(),
+            range_end: end.clone(),
+            limit: 10,
+            ..Default::default()
+        };
+        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
+        let r = g.unary(tonic::Request::new(req), path, codec).await.expect("range").into_inner();
+        let size = first_chunk_size(r.kvs, rev);
+        if size == LIMIT / 2 - 1 {
+            break rev;
+        }
+        pad = (pad + LIMIT / 2 - 1).checked_sub(size).expect("below the size");
+        direct.put("/b/000", vec![b'p'; pad], None).await.expect("put");
+    };
+    env.wait_cache_rev(rev).await;
+    let req = PbRangeRequest { key, range_end: end, ..Default::default() };
+    let sizes = |v: &[PbRangeStreamResponse]| {
+        v.iter().map(|c| c.range_response.as_ref().map_or(0, |r| r.kvs.len())).collect::<Vec<_>>()
+    };
+    let want = range_stream(&env.etcd.endpoint(), &req).await.expect("etcd");
+    let got = range_stream(&env.grpc(), &req).await.expect("watchcache");
+    assert_eq!(sizes(&want)[..2], [10, 20], "etcd doubles after a chunk under half its limit");
+    assert_eq!(sizes(&got), sizes(&want), "etcd's chunks");
+    assert_eq!(got, want, "etcd's answer");
+}
+
 /// With etcd's `--max-request-bytes` given to watchcache too, a watch created with `fragment`
 /// is cut where etcd cuts it and RangeStream's chunks are etcd's; a watchcache left at etcd's
 /// default answers both differently (one response, fewer chunks).

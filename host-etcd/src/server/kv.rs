@@ -191,13 +191,15 @@ fn range_chunks(
     loop {
         let end = (start + limit).min(kvs.len());
         let chunk: Vec<_> = kvs[start..end].to_vec();
-        // What etcd's txn.Range answers for this chunk: its size picks the next limit.
+        // What etcd's txn.Range answers for this chunk: its size picks the next limit. Its
+        // count is what that Range read: the keys up to its limit + 1 (`rangeLimit`), as
+        // `treeIndex.Range` without the total stops there, not every key left.
         let more = end < count;
         let as_range = PbRangeResponse {
             header: Some(rev_only),
             kvs: chunk,
             more,
-            count: (count - start) as i64,
+            count: (count - start).min(limit.saturating_add(1)) as i64,
         };
         let size = prost::Message::encoded_len(&as_range);
         let done = !more || end >= total_limit;
