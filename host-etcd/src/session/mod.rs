@@ -601,12 +601,21 @@ impl WatchSession {
         else {
             return true;
         };
-        !self.announce.iter().any(|a| match *a {
-            Announce::Cancel(id) if c.watch_id != 0 => id == c.watch_id,
-            // An automatic id reaches a canceled one only from below.
-            Announce::Cancel(id) => id >= self.next_auto_id,
-            _ => false,
-        })
+        let cancel_waits =
+            |id: i64| self.announce.iter().any(|a| matches!(a, Announce::Cancel(x) if *x == id));
+        if c.watch_id != 0 {
+            return !cancel_waits(c.watch_id);
+        }
+        // An automatic id would skip the ids in use from the next one on (`create`): it waits
+        // if one of those is a canceled one etcd would have freed.
+        let mut id = self.next_auto_id;
+        while self.watches.contains_key(&id) || self.ended.contains(&id) {
+            if cancel_waits(id) {
+                return false;
+            }
+            id += 1;
+        }
+        true
     }
 
     /// Whether the session takes another request now (none is held behind an undecided
@@ -1144,7 +1153,9 @@ impl WatchSession {
             return;
         }
         let mut reopen = false;
-        if w.from_now {
+        // (Knowing no revision at all, "now" stays for the relay to learn: a watch from
+        // revision 1 would replay the whole history.)
+        if w.from_now && best > 0 {
             // "Now" is the newest revision the session knows of: every event after it follows
             // (a relay still waiting to open "from now" would start later: it opens again
             // from here).

@@ -726,6 +726,20 @@ fn an_id_canceled_before_its_watch_is_announced_is_free_for_the_next_create() {
         ]
     );
     assert!(w.s.takes_requests());
+    // An automatic id that cannot reach the canceled one does not wait for its cancel.
+    w.create(PREFIX, "/registry0", 0, 100);
+    w.cancel_id(100);
+    w.watch_prefix(0);
+    assert!(w.s.takes_requests(), "the automatic create (id 3) was taken at once");
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 100, canceled: false },
+            Seen::Canceled { id: 100, compact: 0 },
+            Seen::Created { id: 3, canceled: false },
+        ]
+    );
 }
 
 /// A create refused once taken (here: permission denied) is answered as etcd answers it, with
@@ -1287,6 +1301,27 @@ fn a_watch_announced_while_etcd_is_down_keeps_one_relay_on_etcd() {
     assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
     w.advance(10_000);
     assert_eq!(w.etcd.relays.len(), 1, "relays open on etcd: {:?}", w.etcd.relays.keys());
+    assert_eq!(w.etcd.opened, 2, "the failed relay and its retry, no other");
+    let rev = w.write(&["/other/k"]);
+    w.advance(1_000);
+    assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
+}
+
+/// Found in review: a session that knows no revision yet (no cache has said one) announcing a
+/// watch from now while etcd is down took "now" as revision 0, so its retry watched from
+/// revision 1 and replayed the whole history; "now" is left for the relay to learn.
+#[test]
+fn a_watch_from_now_announced_before_any_revision_is_known_replays_no_history() {
+    let mut w = World::new(World::cfg());
+    w.s = WatchSession::new(World::cfg(), Vec::new(), Timestamp::ZERO);
+    w.h.put(&["/other/k"]);
+    w.etcd.go_down();
+    w.create("/other/k", "", 0, 0);
+    w.etcd.up = true;
+    w.pump();
+    assert_eq!(w.take(), vec![Seen::Created { id: 0, canceled: false }]);
+    w.advance(10_000);
+    assert!(World::revs_of(&w.take(), 0).is_empty(), "no event from before the watch");
     let rev = w.write(&["/other/k"]);
     w.advance(1_000);
     assert_eq!(World::revs_of(&w.take(), 0), vec![rev]);
