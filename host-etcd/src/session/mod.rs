@@ -22,7 +22,10 @@
 //! and never below a revision the stream has already vouched for). And etcd's rules for the
 //! stream: requests taken in order, one at a time where a create's outcome decides the next
 //! one's id (etcd's `recvLoop`); `created` responses in request order; watch ids never reused
-//! (etcd's `watchStream.nextID` only goes up), a refused create takes none (`-1`), and a watch
+//! (etcd's `watchStream.nextID` only goes up), a refused create takes none (`-1`), an id the
+//! client canceled is free for the next create at once (one that needs it waits for a cancel
+//! still queued behind its watch's `created`), `created` carries the newest revision known
+//! (also for a start in the future), and a watch
 //! etcd ended (compacted) keeps its id until the client cancels it (etcd's `watchStream` holds
 //! it until then: a create with that id is a duplicate, the cancel is answered); events of a
 //! watch only after its `created`; with auth on, a create's permission checked before its
