@@ -612,13 +612,18 @@ impl WatchSession {
         // An automatic id would skip the ids in use from the next one on (`create`): it waits
         // if one of those is a canceled one etcd would have freed.
         let mut id = self.next_auto_id;
-        while self.watches.contains_key(&id) || self.ended.contains(&id) {
+        while self.id_in_use(id) {
             if cancel_waits(id) {
                 return false;
             }
             id += 1;
         }
         true
+    }
+
+    /// Whether a watch holds `id` on the stream (open, or ended by etcd and not yet canceled).
+    fn id_in_use(&self, id: i64) -> bool {
+        self.watches.contains_key(&id) || self.ended.contains(&id)
     }
 
     /// Whether the session takes another request now (none is held behind an undecided
@@ -727,11 +732,7 @@ impl WatchSession {
             matches!(w.source, Source::Relay { relay: r } | Source::RelayOpening { relay: r, .. } if r == relay)
         });
         if !current {
-            // A relay the watch has left: closed should it still be open on etcd.
             self.by_relay.remove(&relay);
-            if !matches!(ev, RelayEvent::Ended { .. }) {
-                self.outputs.push_back(SessionOutput::Upstream(UpstreamCmd::Close { relay }));
-            }
             return;
         }
         match ev {
@@ -953,16 +954,15 @@ impl WatchSession {
 
     fn create(&mut self, spec: CreateSpec, requested_id: i64) {
         // Watch id: the client's, or the next one (etcd's AutoWatchID = 0); never reused.
-        let in_use = |s: &Self, id: i64| s.watches.contains_key(&id) || s.ended.contains(&id);
         let auto_from = (requested_id == 0).then_some(self.next_auto_id);
         let id = if requested_id != 0 {
-            if in_use(self, requested_id) {
+            if self.id_in_use(requested_id) {
                 let (key, range_end) = etcd_range(&spec.range);
                 return self.reject_create_checked(key, range_end, ERR_DUPLICATE_ID);
             }
             requested_id
         } else {
-            while in_use(self, self.next_auto_id) {
+            while self.id_in_use(self.next_auto_id) {
                 self.next_auto_id += 1;
             }
             let id = self.next_auto_id;
