@@ -572,6 +572,15 @@ async fn under_load_events_are_gathered_for_the_hold_and_a_lone_event_goes_at_on
     );
 }
 
+/// etcd started with `--max-request-bytes=limit`, and watchcache told the same.
+async fn with_request_limit(limit: usize) -> Env {
+    let opts = EtcdOptions {
+        extra_args: vec![format!("--max-request-bytes={limit}")],
+        ..Default::default()
+    };
+    Env::start_with(opts, |cfg| cfg.cache.max_request_bytes = limit).await
+}
+
 /// Found in review: etcd sizes a RangeStream chunk as its `txn.Range` answered it, whose
 /// count is what that Range read (the chunk's limit + 1 at most, `treeIndex.Range` without the
 /// total), not every key left; watchcache counted every key left, which takes one more byte
@@ -582,11 +591,7 @@ async fn under_load_events_are_gathered_for_the_hold_and_a_lone_event_goes_at_on
 async fn range_stream_chunks_are_sized_as_etcds_at_the_doubling_boundary() {
     use etcd_client::proto::{PbRangeResponse, PbResponseHeader};
     const LIMIT: usize = 64 << 10;
-    let opts = EtcdOptions {
-        extra_args: vec![format!("--max-request-bytes={LIMIT}")],
-        ..Default::default()
-    };
-    let env = Env::start_with(opts, |cfg| cfg.cache.max_request_bytes = LIMIT).await;
+    let env = with_request_limit(LIMIT).await;
     let mut direct = env.direct().await;
     for i in 0..200 {
         direct.put(format!("/b/{i:03}"), "v", None).await.expect("put");
@@ -602,16 +607,15 @@ async fn range_stream_chunks_are_sized_as_etcds_at_the_doubling_boundary() {
     let mut pad = 0usize;
     let rev = loop {
         let rev = env.etcd_rev().await;
-        let mut g = support::grpc(&env.etcd.endpoint()).await;
-        let codec = tonic_prost::ProstCodec::<PbRangeRequest, PbRangeResponse>::default();
         let req = PbRangeRequest {
             key: key.clone(),
             range_end: end.clone(),
             limit: 10,
             ..Default::default()
         };
-        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
-        let r = g.unary(tonic::Request::new(req), path, codec).await.expect("range").into_inner();
+        let r = support::raw_range(&env.etcd.endpoint(), tonic::Request::new(req))
+            .await
+            .expect("range");
         let size = first_chunk_size(r.kvs, rev);
         if size == LIMIT / 2 - 1 {
             break rev;
@@ -637,11 +641,7 @@ async fn range_stream_chunks_are_sized_as_etcds_at_the_doubling_boundary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_request_bytes_sets_fragments_and_chunks_as_etcds() {
     const LIMIT: usize = 64 << 10;
-    let opts = EtcdOptions {
-        extra_args: vec![format!("--max-request-bytes={LIMIT}")],
-        ..Default::default()
-    };
-    let env = Env::start_with(opts, |cfg| cfg.cache.max_request_bytes = LIMIT).await;
+    let env = with_request_limit(LIMIT).await;
     let default = host_etcd::Server::start(support::test_config(&env.etcd))
         .await
         .expect("a second watchcache, at etcd's default");

@@ -179,15 +179,23 @@ pub async fn range_with_metadata(
     if let Some((name, value)) = metadata {
         req.metadata_mut().insert(name, value.parse().expect("metadata value"));
     }
+    match raw_range(endpoint, req).await {
+        Ok(r) => Ok(r.kvs.len()),
+        Err(s) => Err((s.code(), s.message().to_owned())),
+    }
+}
+
+/// A Range over raw gRPC: etcd's answer as it came, header and all.
+pub async fn raw_range(
+    endpoint: &str,
+    req: tonic::Request<etcd_client::proto::PbRangeRequest>,
+) -> Result<etcd_client::proto::PbRangeResponse, tonic::Status> {
     let path = ::http::uri::PathAndQuery::from_static("/etcdserverpb.KV/Range");
     let codec = tonic_prost::ProstCodec::<
         etcd_client::proto::PbRangeRequest,
         etcd_client::proto::PbRangeResponse,
     >::default();
-    match grpc(endpoint).await.unary(req, path, codec).await {
-        Ok(r) => Ok(r.into_inner().kvs.len()),
-        Err(s) => Err((s.code(), s.message().to_owned())),
-    }
+    grpc(endpoint).await.unary(req, path, codec).await.map(|r| r.into_inner())
 }
 
 /// Runs etcdctl with the given endpoint and arguments; returns stdout (panics on failure).
