@@ -97,15 +97,25 @@ test-rust: setup-rust setup-etcd ## cargo test for the whole workspace (host tes
 	WATCHCACHE_ETCD_BIN=$(TOOLS)/bin/etcd WATCHCACHE_ETCDCTL_BIN=$(TOOLS)/bin/etcdctl RUST_TEST_THREADS=$(TEST_THREADS) $(CARGO) test --workspace
 	@if [ -n "$${TRIM_DEBUG_BUILD:-}" ]; then echo "TRIM_DEBUG_BUILD: removing target/debug ($$(du -sh target/debug | cut -f1))"; rm -rf target/debug; fi
 
+# The targets are built one after the other, then run side by side (each fuzzer is one
+# process on one core); each run's output goes to fuzz/artifacts/<target>.log, whose end is
+# printed, and all of it if the run failed.
+FUZZ_TARGETS := scenario selector ops
 fuzz-smoke: setup-fuzz ## run each fuzz target for $(FUZZ_SECONDS)s (nightly + cargo-fuzz)
-	cd fuzz && for t in scenario selector ops; do \
-	  mkdir -p corpus/$$t; seeds=""; [ $$t = scenario ] && seeds="$(ROOT)/scenarios"; \
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
 	  PATH="$(TOOLS)/bin:$$PATH" $(CARGO) +$(NIGHTLY) fuzz build --sanitizer none $$t \
 	    || { echo "fuzz target $$t did not build (the compiler's or linker's error is above); disk here:" >&2; df -h . >&2; exit 1; }; \
+	done
+	cd fuzz && pids=""; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$t; seeds=""; [ $$t = scenario ] && seeds="$(ROOT)/scenarios"; \
 	  PATH="$(TOOLS)/bin:$$PATH" $(CARGO) +$(NIGHTLY) fuzz run --sanitizer none $$t corpus/$$t $$seeds -- \
 	    -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=4096 -artifact_prefix=$(ROOT)/fuzz/artifacts/ \
-	    || { echo "fuzz target $$t failed: see fuzz/artifacts/ (commit the crasher under cacher-core/tests/fuzz_regressions/$$t/)" >&2; exit 1; }; \
-	done
+	    > $(ROOT)/fuzz/artifacts/$$t.log 2>&1 & pids="$$pids $$!"; \
+	done; failed=""; set -- $(FUZZ_TARGETS); for p in $$pids; do \
+	  if wait $$p; then echo "── fuzz target $$1 ($(FUZZ_SECONDS) s):"; tail -n 3 $(ROOT)/fuzz/artifacts/$$1.log; \
+	  else echo "── fuzz target $$1 failed:" >&2; cat $(ROOT)/fuzz/artifacts/$$1.log >&2; failed="$$failed $$1"; fi; shift; \
+	done; \
+	[ -z "$$failed" ] || { echo "fuzz targets failed:$$failed: see fuzz/artifacts/ (commit the crasher under cacher-core/tests/fuzz_regressions/<target>/)" >&2; exit 1; }
 
 python: setup-python ## build the Python extension (abi3 wheel) and install it into .venv
 	PATH="$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ROOT)/target $(VENV)/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./bindings-python
