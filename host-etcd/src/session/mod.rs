@@ -609,21 +609,23 @@ impl WatchSession {
         if c.watch_id != 0 {
             return !cancel_waits(c.watch_id);
         }
-        // An automatic id would skip the ids in use from the next one on (`create`): it waits
-        // if one of those is a canceled one etcd would have freed.
-        let mut id = self.next_auto_id;
-        while self.id_in_use(id) {
-            if cancel_waits(id) {
-                return false;
-            }
-            id += 1;
-        }
-        true
+        // An automatic id skips the ids in use from the next one on: it waits if one of those
+        // is a canceled one etcd would have freed.
+        !(self.next_auto_id..self.free_auto_id()).any(cancel_waits)
     }
 
     /// Whether a watch holds `id` on the stream (open, or ended by etcd and not yet canceled).
     fn id_in_use(&self, id: i64) -> bool {
         self.watches.contains_key(&id) || self.ended.contains(&id)
+    }
+
+    /// The id an automatic create gets: the first from the next one on that no watch holds.
+    fn free_auto_id(&self) -> i64 {
+        let mut id = self.next_auto_id;
+        while self.id_in_use(id) {
+            id += 1;
+        }
+        id
     }
 
     /// Whether the session takes another request now (none is held behind an undecided
@@ -962,11 +964,8 @@ impl WatchSession {
             }
             requested_id
         } else {
-            while self.id_in_use(self.next_auto_id) {
-                self.next_auto_id += 1;
-            }
-            let id = self.next_auto_id;
-            self.next_auto_id += 1;
+            let id = self.free_auto_id();
+            self.next_auto_id = id + 1;
             id
         };
         let cache = self.cache_for(&spec.range);
