@@ -475,6 +475,65 @@ async fn progress_requests_are_answered_locally() {
     assert_eq!((m.watch_id(), m.header().map(|h| h.revision())), (-1, Some(r0)));
 }
 
+/// etcd answers no progress request while the stream holds a watch it ended as compacted
+/// (`progressIfSync` finds that watcher in neither of its groups), until the client cancels the
+/// watch, as clientv3 does; then it answers again. watchcache, in front of the same etcd, too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_progress_while_a_watch_ended_as_compacted_is_held_as_on_etcd() {
+    let env = Env::start().await;
+    let mut direct = env.direct().await;
+    let mut cached = env.cached().await;
+    let r0 = write_history(&mut direct, "c", 10).await;
+    cached.compact(r0 - 3, None).await.expect("compact through the cache");
+    env.wait_cache_rev(r0).await;
+    let mut seen = Vec::new();
+    for client in [&mut direct, &mut cached] {
+        let mut s =
+            client.watch("/a/", Some(WatchOptions::new().with_prefix())).await.expect("watch");
+        let m = s.message().await.expect("created").expect("created");
+        assert!(m.created(), "{m:?}");
+        // A watch from below the compaction: created, then ended as compacted.
+        let o = WatchOptions::new().with_prefix().with_start_revision(r0 - 5);
+        s.watch("/a/", Some(o)).await.expect("second watch");
+        let mut got = Vec::new();
+        let mut ended = None;
+        while ended.is_none() {
+            let m = tokio::time::timeout(T, s.message()).await.expect("in time").expect("msg");
+            let m = m.expect("msg");
+            if m.canceled() {
+                ended = Some(m.watch_id());
+            }
+            got.push(format!(
+                "id {} created {} compact {}",
+                m.watch_id(),
+                m.created(),
+                m.compact_revision()
+            ));
+        }
+        s.request_progress().await.expect("progress");
+        let quiet = tokio::time::timeout(Duration::from_millis(1500), s.message()).await;
+        got.push(format!(
+            "while held: {:?}",
+            quiet.map(|m| m.ok().flatten().map(|m| m.watch_id()))
+        ));
+        s.cancel(ended.expect("ended")).await.expect("cancel");
+        s.request_progress().await.expect("progress");
+        for _ in 0..2 {
+            let m = tokio::time::timeout(T, s.message()).await.expect("in time").expect("msg");
+            let m = m.expect("msg");
+            let rev = m.header().map_or(0, |h| h.revision());
+            got.push(format!("id {} canceled {} at {}", m.watch_id(), m.canceled(), rev - r0));
+        }
+        seen.push(got);
+    }
+    assert_eq!(
+        seen[0][2], "while held: Err(Elapsed(()))",
+        "etcd answered progress while it held a compacted watch: {:?}",
+        seen[0]
+    );
+    assert_eq!(seen[1], seen[0], "watchcache against etcd");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_watches_get_periodic_progress_notifications() {
     let env = Env::start_with(EtcdOptions::default(), |cfg| {

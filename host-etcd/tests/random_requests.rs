@@ -10,7 +10,9 @@
 //! the history, with prev_kv and filters, while more writes come; the same events, the same
 //! cancellations (with the compaction revision), no revision split across responses. And
 //! one stream per side fed random creates, cancels, writes and progress requests: the same
-//! watch ids, events and cancellations per id, and every progress request answered.
+//! watch ids, events and cancellations per id, and the last progress request answered (a
+//! watch ended as compacted is canceled by its client, as clientv3 does: etcd answers no
+//! progress request on a stream that holds one, and neither does watchcache).
 //!
 //! `WATCHCACHE_TEST_SEED=<n>` replays one seed (`<a>-<b>`: a sweep); a failure prints the seed
 //! and the request.
@@ -779,6 +781,8 @@ async fn random_multiplexed_watches_match_etcd() {
     let ks = keys();
     let (mut violations, mut etcd_notes) = (Vec::new(), Vec::new());
     let (mut created, mut client_canceled, mut events) = (0, 0, 0);
+    // Watches ended as compacted, then canceled by their client (on watchcache's side).
+    let mut let_go = 0;
     let mut compacted = 1;
     for seed in seeds {
         let mut rng = Rng::new(seed.wrapping_add(1000));
@@ -792,13 +796,28 @@ async fn random_multiplexed_watches_match_etcd() {
         let mut sides = Vec::new();
         for (name, client) in [("etcd", &mut direct), ("watchcache", &mut cached)] {
             let s = client.watch("/q/", Some(first.clone())).await.expect("watch");
-            sides.push(Side { name, stream: s, recs: BTreeMap::new(), ids: Vec::new() });
+            sides.push(Side {
+                name,
+                stream: s,
+                recs: BTreeMap::new(),
+                ids: Vec::new(),
+                let_go: Default::default(),
+            });
         }
         for side in sides.iter_mut() {
             side.await_created(seed, b"/q/", b"/q0", 0, false).await;
         }
         let mut canceled_by_client = Vec::new();
         for step in 0..80 {
+            // A watch ended as compacted is canceled by its client, as clientv3 does (until
+            // then etcd answers no progress request on the stream), once both sides ended it:
+            // both get the same requests in the same order.
+            let held = sides[0].compacted_held();
+            for id in held.intersection(&sides[1].compacted_held()).copied() {
+                for side in sides.iter_mut() {
+                    side.let_go(id).await;
+                }
+            }
             match rng.below(20) {
                 0..=6 => {
                     let r = request(&mut rng, &ks, now, compacted);
@@ -853,9 +872,13 @@ async fn random_multiplexed_watches_match_etcd() {
         let until = env.etcd_rev().await;
         let (hist, proof) = history_and_proof(&mut direct, compacted, until).await;
         for (i, side) in sides.iter_mut().enumerate() {
+            for id in side.compacted_held() {
+                side.let_go(id).await;
+            }
             side.stream.request_progress().await.expect("progress request");
             side.read_until(until, (i == 0).then_some(&hist[..]), compacted).await;
         }
+        let_go += sides[1].let_go.len();
         if sides[0].ids != sides[1].ids {
             violations.push(format!(
                 "seed {seed}: watch ids {:?}, etcd {:?}",
@@ -898,7 +921,8 @@ async fn random_multiplexed_watches_match_etcd() {
     }
     assert!(violations.is_empty(), "{} violations:\n{}", violations.len(), violations.join("\n"));
     eprintln!(
-        "{created} watches created, {client_canceled} canceled by the client, {events} events"
+        "{created} watches created, {client_canceled} canceled by the client, {events} events, \
+         {let_go} ended as compacted and then canceled by the client"
     );
     assert!(created >= 20 && client_canceled >= 5 && events >= 300);
 }
@@ -910,9 +934,28 @@ struct Side {
     stream: etcd_client::WatchStream,
     recs: std::collections::BTreeMap<i64, Recorded>,
     ids: Vec<i64>,
+    /// Watches ended as compacted that the client has canceled.
+    let_go: std::collections::BTreeSet<i64>,
 }
 
 impl Side {
+    /// Watches ended as compacted that the client has not canceled yet.
+    fn compacted_held(&self) -> std::collections::BTreeSet<i64> {
+        let ended = |r: &Recorded| r.canceled().is_some_and(|c| c.compact_rev > 0);
+        self.recs
+            .iter()
+            .filter(|(id, r)| ended(r) && !self.let_go.contains(id))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Cancels a watch ended as compacted, as clientv3 does once its reader takes the
+    /// compacted response.
+    async fn let_go(&mut self, id: i64) {
+        self.stream.cancel(id).await.expect("cancel");
+        self.let_go.insert(id);
+    }
+
     /// Files a response under its watch (a stream's progress, watch id -1, under every watch).
     fn file(&mut self, m: &etcd_client::WatchResponse) {
         let r = resp_of(m);
@@ -966,7 +1009,8 @@ impl Side {
     /// for at most 15 s. Or, with `hist`, until every live watch has its last event of the
     /// history, asking for progress again each second (etcd drops a progress request that
     /// finds a watcher of its stream unsynced: on some streams of this test it answered none
-    /// in 15 s; watchcache must answer the one request once every watch has caught up).
+    /// in 15 s; watchcache must answer the one request once every watch has caught up, or the
+    /// one asked again after a watch ended as compacted was canceled).
     async fn read_until(&mut self, until: i64, hist: Option<&[Ev]>, compacted: i64) {
         let last_event = |r: &Recorded| {
             let first = if r.start_rev > 0 { r.start_rev } else { r.created_rev + 1 };
@@ -998,7 +1042,19 @@ impl Side {
                 return;
             }
             match tokio::time::timeout(Duration::from_secs(1), self.stream.message()).await {
-                Ok(Ok(Some(m))) => self.file(&m),
+                Ok(Ok(Some(m))) => {
+                    self.file(&m);
+                    // No more creates follow: a watch ended as compacted is let go at once,
+                    // and progress asked for again (a request the stream got while it held
+                    // that watch is dropped, by etcd and by watchcache).
+                    let held = self.compacted_held();
+                    for &id in &held {
+                        self.let_go(id).await;
+                    }
+                    if !held.is_empty() {
+                        self.stream.request_progress().await.expect("progress request");
+                    }
+                }
                 Ok(_) => return,
                 // etcd is asked again; watchcache must answer the one request.
                 Err(_) if hist.is_some() => {

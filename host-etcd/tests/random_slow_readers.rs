@@ -12,7 +12,9 @@
 //! point than etcd's: one side's events must then be the start of the other's), and etcd's
 //! guarantees against its history (ordered, unique, complete, a revision never split, no
 //! progress notification ahead of an event still to come); no response for a watch that is not
-//! open; every stream's last progress request answered once its watches have caught up.
+//! open; every stream's last progress request answered once its watches have caught up. As
+//! clientv3 does, the client cancels a watch ended as compacted (etcd answers no progress
+//! request on a stream that holds one, and neither does watchcache).
 //! Responses are taken as clientv3 takes them: a fragmented response's pieces merged, and
 //! nothing else allowed between them. A quarter of the watches ask for fragments, three in ten
 //! for periodic progress notifications (every 200 ms on both sides).
@@ -26,7 +28,7 @@ use crate::random_requests::{
 };
 use crate::support;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -180,6 +182,8 @@ struct Lane {
     reading: tokio::sync::watch::Sender<bool>,
     /// Creates sent on this stream (an upper bound of its ids).
     creates: i64,
+    /// Watches (by record) ended as compacted that the client has canceled.
+    let_go: BTreeSet<usize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -193,8 +197,14 @@ impl Lane {
         let codec = tonic_prost::ProstCodec::<PbWatchRequest, PbWatchResponse>::default();
         let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
         let (reading, gate) = tokio::sync::watch::channel(true);
-        let mut lane =
-            Lane { tx, filed: filed.clone(), reading, creates: 0, task: tokio::spawn(async {}) };
+        let mut lane = Lane {
+            tx,
+            filed: filed.clone(),
+            reading,
+            creates: 0,
+            let_go: BTreeSet::new(),
+            task: tokio::spawn(async {}),
+        };
         lane.create(rec, o).await;
         let requests = tokio_stream::wrappers::ReceiverStream::new(rx);
         let s = grpc.streaming(tonic::Request::new(requests), path, codec).await.expect("watch");
@@ -224,6 +234,19 @@ impl Lane {
 
     async fn request_progress(&self) {
         self.send(PbWatchRequestUnion::ProgressRequest(Default::default())).await;
+    }
+
+    /// Watches (id, record) ended as compacted, filed, that the client has not canceled.
+    fn compacted_held(&self) -> BTreeSet<(i64, usize)> {
+        let f = self.filed.lock().expect("filed");
+        f.ended.iter().filter(|(_, i)| !self.let_go.contains(i)).map(|(id, i)| (*id, *i)).collect()
+    }
+
+    /// Cancels a watch ended as compacted, as clientv3 does once its reader takes the
+    /// compacted response (until then etcd answers no progress request on the stream).
+    async fn let_go(&mut self, (id, i): (i64, usize)) {
+        self.cancel(id).await;
+        self.let_go.insert(i);
     }
 
     fn stall(&self, stalled: bool) {
@@ -396,6 +419,8 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
     let ks = keys();
     let mut violations = Vec::new();
     let (mut watches, mut stalls, mut cancels, mut compactions, mut events) = (0, 0, 0, 0, 0);
+    // Watches ended as compacted, then canceled by their client (on watchcache's side).
+    let mut let_go = 0;
     // Fragmented responses, merged, on each side.
     let mut fragmented = [0, 0];
     let mut notified = [0, 0];
@@ -440,6 +465,16 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
         }
         let mut stalled = vec![false; lanes];
         for step in 0..60 {
+            // Once both sides have filed a watch ended as compacted, its client cancels it on
+            // both (the same requests in the same order on each side).
+            for l in 0..lanes {
+                let held = sides[0][l].compacted_held();
+                for w in held.intersection(&sides[1][l].compacted_held()).copied() {
+                    for side in sides.iter_mut() {
+                        side[l].let_go(w).await;
+                    }
+                }
+            }
             let l = rng.below(lanes as u64) as usize;
             match rng.below(20) {
                 0..=3 => {
@@ -539,6 +574,18 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
                 if done || tokio::time::Instant::now() > deadline {
                     break;
                 }
+                // No more creates follow: a watch ended as compacted is let go at once, and
+                // progress asked for again (a request that came while it was held is dropped,
+                // by etcd and by watchcache).
+                for lane in side.iter_mut() {
+                    let held = lane.compacted_held();
+                    for &w in &held {
+                        lane.let_go(w).await;
+                    }
+                    if !held.is_empty() {
+                        lane.request_progress().await;
+                    }
+                }
                 if s == 0 && asked.elapsed() > Duration::from_secs(1) {
                     for lane in side.iter_mut() {
                         lane.request_progress().await;
@@ -615,6 +662,7 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
                 violations.extend(check_prev_kv_sent(&hist, wr));
             }
         }
+        let_go += sides[1].iter().map(|l| l.let_go.len()).sum::<usize>();
         for side in sides {
             for lane in side {
                 lane.task.abort();
@@ -630,9 +678,10 @@ async fn slow_readers(seeds: Vec<u64>, prefixes: Option<Vec<Vec<u8>>>) {
     assert!(violations.is_empty(), "{} violations:\n{}", violations.len(), violations.join("\n"));
     eprintln!(
         "{watches} watches, {stalls} stalls, {cancels} cancels, {compactions} compactions, \
-         {events} events; {lagged} looks found lagging watchers, {expired} watchers fell out of \
-         the window, {rejoins} rejoined the cache; fragmented responses: {} from etcd, {} from \
-         watchcache; periodic progress notifications: {} from etcd, {} from watchcache",
+         {events} events, {let_go} ended as compacted and canceled by the client; {lagged} \
+         looks found lagging watchers, {expired} watchers fell out of the window, {rejoins} \
+         rejoined the cache; fragmented responses: {} from etcd, {} from watchcache; periodic \
+         progress notifications: {} from etcd, {} from watchcache",
         fragmented[0], fragmented[1], notified[0], notified[1]
     );
     assert!(replay || (watches >= 20 && stalls >= 5 && events >= 300));

@@ -13,23 +13,22 @@
 //!
 //! `driver.rs` runs it on tokio; `tests.rs` runs it with a fake cache and a fake etcd.
 //!
-//! etcd's guarantees it keeps, per watch (spec/etcd.md 1.6): **ordered** and **unique** (a
-//! watch's revisions only go up: what came from one source is never sent again by the next,
-//! which resumes after the last revision delivered), **reliable** and **resumable** (a watch
-//! that leaves a source resumes from the next revision, from the cache if its window holds it,
-//! else from etcd), **atomic** (responses hold whole revisions), **bookmarkable** (a progress
-//! answer at R comes only once every watch on the stream has been given every event up to R,
-//! and never below a revision the stream has already vouched for). And etcd's rules for the
-//! stream: requests taken in order, one at a time where a create's outcome decides the next
-//! one's id (etcd's `recvLoop`); `created` responses in request order; watch ids never reused
-//! (etcd's `watchStream.nextID` only goes up), a refused create takes none (`-1`), an id the
-//! client canceled is free for the next create at once (one that needs it waits for a cancel
-//! still queued behind its watch's `created`), `created` carries the newest revision known
-//! (also for a start in the future), and a watch
-//! etcd ended (compacted) keeps its id until the client cancels it (etcd's `watchStream` holds
-//! it until then: a create with that id is a duplicate, the cancel is answered); events of a
-//! watch only after its `created`; with auth on, a create's permission checked before its
-//! range and its id.
+//! etcd's guarantees it keeps, per watch (spec/etcd.md 1.6): **ordered** and **unique** (a watch's
+//! revisions only go up: what came from one source is never sent again by the next, which resumes
+//! after the last revision delivered), **reliable** and **resumable** (a watch that leaves a source
+//! resumes from the next revision, from the cache if its window holds it, else from etcd),
+//! **atomic** (responses hold whole revisions), **bookmarkable** (a progress answer at R comes only
+//! once every watch on the stream has been given every event up to R, and never below a revision
+//! the stream has already vouched for; none at all while the stream holds a watch etcd ended as
+//! compacted and the client has not canceled). And etcd's rules for the stream: requests taken in
+//! order, one at a time where a create's outcome decides the next one's id (etcd's `recvLoop`);
+//! `created` responses in request order; watch ids never reused (etcd's `watchStream.nextID` only
+//! goes up), a refused create takes none (`-1`), an id the client canceled is free for the next
+//! create at once (one that needs it waits for a cancel still queued behind its watch's `created`),
+//! `created` carries the newest revision known (also for a start in the future), and a watch etcd
+//! ended (compacted) keeps its id until the client cancels it (etcd's `watchStream` holds it until
+//! then: a create with that id is a duplicate, the cancel is answered); events of a watch only
+//! after its `created`; with auth on, a create's permission checked before its range and its id.
 //!
 //! etcd counterparts: `server/etcdserver/api/v3rpc/watch.go` (`serverWatchStream`: recvLoop,
 //! sendLoop, ids, created/canceled, progress), `server/storage/mvcc/watcher.go` (ids),
@@ -619,6 +618,14 @@ impl WatchSession {
         self.watches.contains_key(&id) || self.ended.contains(&id)
     }
 
+    /// Whether the stream holds a watch etcd ended (compacted) that the client has not canceled
+    /// yet, or one it is ending before it was announced. etcd's `progressIfSync` finds such a
+    /// watcher in neither of its groups and drops every progress request until the client
+    /// cancels it (clientv3 does once it hands the compacted response to its reader).
+    fn holds_compacted(&self) -> bool {
+        !self.ended.is_empty() || self.watches.values().any(|w| w.doomed)
+    }
+
     /// The id an automatic create gets: the first from the next one on that no watch holds.
     fn free_auto_id(&self) -> i64 {
         let mut id = self.next_auto_id;
@@ -686,8 +693,10 @@ impl WatchSession {
                 }
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => self.client_cancel(c.watch_id),
-            // etcd answers for a stream's watchers (`progressIfSync`): none, no answer.
-            Some(PbWatchRequestUnion::ProgressRequest(_)) if self.watches.is_empty() => {}
+            // etcd answers for a stream's watchers (`progressIfSync`): none, no answer; and
+            // none while it holds a watcher it ended as compacted (never synced again).
+            Some(PbWatchRequestUnion::ProgressRequest(_))
+                if self.watches.is_empty() || self.holds_compacted() => {}
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
                 self.progress_wanted = true;
                 if self.query.is_none() {
@@ -1852,17 +1861,22 @@ impl WatchSession {
         if !self.progress_wanted {
             return;
         }
+        if self.holds_compacted() {
+            // A watch ended as compacted while the question was out: etcd drops the request.
+            self.progress_wanted = false;
+            self.progress_again = false;
+            return;
+        }
         let complete = !q.blocked
             && q.epoch == self.epoch
-            && self.watches.iter().all(|(id, w)| w.doomed || q.frontiers.contains_key(id));
+            && self.watches.keys().all(|id| q.frontiers.contains_key(id));
         let vouched =
             self.watches.values().map(|w| w.vouched).max().unwrap_or(0).max(self.stream_progress);
         // etcd answers only once it has reached every watch's start revision (a watch on a
         // future revision holds the answer back).
-        let start =
-            self.watches.values().filter(|w| !w.doomed).map(|w| w.start_rev).max().unwrap_or(0);
+        let start = self.watches.values().map(|w| w.start_rev).max().unwrap_or(0);
         let floor = vouched.max(start);
-        let rev = if self.watches.values().all(|w| w.doomed) {
+        let rev = if self.watches.is_empty() {
             Some(self.best_rev.max(floor))
         } else if complete {
             q.frontiers.values().copied().min().filter(|r| *r >= floor)

@@ -686,6 +686,57 @@ fn a_watch_canceled_as_compacted_keeps_its_id_until_the_client_cancels_it() {
     );
 }
 
+/// etcd drops every progress request while its stream holds a watcher it ended as compacted
+/// (`progressIfSync` finds it in neither of its groups), until the client cancels that watch,
+/// as clientv3 does once its reader takes the compacted response. Neither does watchcache
+/// answer: not a request that comes while the watch is held, nor one that was out when etcd
+/// ended the watch.
+#[test]
+fn no_progress_is_answered_while_a_watch_ended_as_compacted_is_held() {
+    let mut w = World::new(World::cfg());
+    w.etcd.compacted = 5;
+    w.watch_prefix(0);
+    w.pump();
+    // Outside the prefix: served by etcd, which ends it as compacted.
+    w.create("/other", "", 2, 0);
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Created { id: 0, canceled: false },
+            Seen::Created { id: 1, canceled: false },
+            Seen::Canceled { id: 1, compact: 5 },
+        ]
+    );
+    let rev = w.write(&["/registry/x"]);
+    w.progress();
+    w.pump();
+    w.advance(5_000);
+    assert_eq!(w.take(), vec![Seen::Events { id: 0, revs: vec![rev] }], "1 is held");
+    w.cancel_id(1);
+    w.progress();
+    w.pump();
+    assert_eq!(
+        w.take(),
+        vec![Seen::Canceled { id: 1, compact: 0 }, Seen::Progress { id: -1, rev }]
+    );
+
+    // Asked while the create that etcd ends is still out: no answer either.
+    let rev = w.write(&["/registry/y"]);
+    w.create("/other", "", 2, 0);
+    w.progress();
+    w.pump();
+    w.advance(5_000);
+    assert_eq!(
+        w.take(),
+        vec![
+            Seen::Events { id: 0, revs: vec![rev] },
+            Seen::Created { id: 2, canceled: false },
+            Seen::Canceled { id: 2, compact: 5 },
+        ]
+    );
+}
+
 /// Found in review: etcd takes a cancel before it reads the next request (`watchStream.Cancel`
 /// frees the id at once), so a create of the id just canceled is a new watch, not a duplicate,
 /// also while the canceled watch is not yet announced (its answer still on its way); and an
