@@ -642,16 +642,20 @@ impl WatchSession {
     }
 
     /// Whether the last create taken may still be refused (its permission check is out, or
-    /// etcd has not answered its relay while permissions are checked).
+    /// etcd has not answered its relay yet).
     fn deciding(&self) -> bool {
         if self.rejecting.is_some() {
             return true;
         }
         let Some(id) = self.undecided else { return false };
+        // A create etcd serves can be refused by etcd (its user may not read the range), which
+        // leaves etcd's next automatic id where it was: without permission checks of the
+        // session's own (a library cache), the next request waits for etcd's answer too.
         self.watches.get(&id).is_some_and(|w| {
             !w.announced
                 && w.created.is_none()
-                && (matches!(w.source, Source::Authorizing { .. }) || self.awaits_permission(w))
+                && (matches!(w.source, Source::Authorizing { .. } | Source::RelayOpening { .. })
+                    || self.awaits_permission(w))
         })
     }
 
