@@ -872,9 +872,6 @@ async fn random_multiplexed_watches_match_etcd() {
         let until = env.etcd_rev().await;
         let (hist, proof) = history_and_proof(&mut direct, compacted, until).await;
         for (i, side) in sides.iter_mut().enumerate() {
-            for id in side.compacted_held() {
-                side.let_go(id).await;
-            }
             side.stream.request_progress().await.expect("progress request");
             side.read_until(until, (i == 0).then_some(&hist[..]), compacted).await;
         }
@@ -1041,20 +1038,18 @@ impl Side {
             if done {
                 return;
             }
+            // No more creates follow: a watch ended as compacted is let go at once, and progress
+            // asked for again (a request the stream got while it held that watch is dropped, by
+            // etcd and by watchcache).
+            let held = self.compacted_held();
+            for &id in &held {
+                self.let_go(id).await;
+            }
+            if !held.is_empty() {
+                self.stream.request_progress().await.expect("progress request");
+            }
             match tokio::time::timeout(Duration::from_secs(1), self.stream.message()).await {
-                Ok(Ok(Some(m))) => {
-                    self.file(&m);
-                    // No more creates follow: a watch ended as compacted is let go at once,
-                    // and progress asked for again (a request the stream got while it held
-                    // that watch is dropped, by etcd and by watchcache).
-                    let held = self.compacted_held();
-                    for &id in &held {
-                        self.let_go(id).await;
-                    }
-                    if !held.is_empty() {
-                        self.stream.request_progress().await.expect("progress request");
-                    }
-                }
+                Ok(Ok(Some(m))) => self.file(&m),
                 Ok(_) => return,
                 // etcd is asked again; watchcache must answer the one request.
                 Err(_) if hist.is_some() => {

@@ -1748,7 +1748,6 @@ impl WatchSession {
                 Source::Relay { relay } => {
                     relays.insert(relay);
                 }
-                _ if w.doomed => {}
                 _ => blocked = true,
             }
         }
