@@ -9,8 +9,8 @@ WEB_ARTIFACTS := $(ROOT)/artifacts/web
 CHROMIUM ?= /usr/bin/chromium
 # Of chromium's recommended packages only what a headless page uses: its fonts and Mesa's
 # software GL; not udev (and with it systemd), upower, the printer and notification daemons or
-# the sandbox helper. With them, a clean machine installed 115 packages in 43 s; without them
-# apt would install 26 (apt-get -s against that machine's package list before the install).
+# the sandbox helper. With them, a clean machine installed 115 packages in 43 s; without them,
+# on a machine without chromium, 26 (and 7 upgraded) in 21 s, and the browser tests passed.
 CHROMIUM_APT := --no-install-recommends chromium fonts-liberation libgl1-mesa-dri
 WEB_PORT ?= 8081
 
